@@ -1,0 +1,65 @@
+"""Task-weighting strategies, one per module, and a registry by name."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .average import AverageWeighting
+from .base import LOSS_NORMALIZATIONS, Weighting
+from .dwa import DWAWeighting
+from .gradnorm import GradNormWeighting
+from .group_dro import GroupDROWeighting
+from .hardmax import HardmaxWeighting
+from .minimax import ALPHA_SCHEDULES, MinimaxWeighting
+from .morbit import MorbitWeighting, project_to_simplex
+from .uncertainty import UncertaintyWeighting
+
+WEIGHTINGS: dict[str, type[Weighting]] = {
+    "average": AverageWeighting,
+    "minimax": MinimaxWeighting,
+    "hardmax": HardmaxWeighting,
+    "group_dro": GroupDROWeighting,
+    "morbit": MorbitWeighting,
+    "uncertainty": UncertaintyWeighting,
+    "gradnorm": GradNormWeighting,
+    "dwa": DWAWeighting,
+}
+
+
+def accepted_options(name: str) -> set[str]:
+    """Keyword options the strategy ``name`` accepts (its own and the base class's)."""
+    if name not in WEIGHTINGS:
+        raise ValueError(f"unknown weighting {name!r}; choose one of {sorted(WEIGHTINGS)}")
+    cls = WEIGHTINGS[name]
+    own = set(inspect.signature(cls.__init__).parameters) - {"self", "num_tasks", "kwargs"}
+    base = set(inspect.signature(Weighting.__init__).parameters) - {"self", "num_tasks"}
+    return own | (base if cls.loss_driven else set())
+
+
+def build_weighting(name: str, num_tasks: int, **options: Any) -> Weighting:
+    """Instantiate the strategy ``name``; options it does not accept raise a ``ValueError`` naming them."""
+    unknown = set(options) - accepted_options(name)
+    if unknown:
+        accepted = sorted(accepted_options(name))
+        raise ValueError(f"weighting {name!r} does not take {sorted(unknown)}; it accepts {accepted}")
+    return WEIGHTINGS[name](num_tasks, **options)
+
+
+__all__ = [
+    "ALPHA_SCHEDULES",
+    "LOSS_NORMALIZATIONS",
+    "WEIGHTINGS",
+    "AverageWeighting",
+    "DWAWeighting",
+    "GradNormWeighting",
+    "GroupDROWeighting",
+    "HardmaxWeighting",
+    "MinimaxWeighting",
+    "MorbitWeighting",
+    "UncertaintyWeighting",
+    "Weighting",
+    "accepted_options",
+    "build_weighting",
+    "project_to_simplex",
+]

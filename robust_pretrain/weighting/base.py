@@ -1,0 +1,182 @@
+"""Common base of the task-weighting strategies.
+
+A strategy turns per-task loss estimates into one weight per task, once per optimizer step. The trainer then
+minimises ``sum_t w_t * L_t``. Weights of loss-driven strategies are constants (no gradient flows through them);
+strategies with learnable parameters (uncertainty, GradNorm) expose them through :meth:`Weighting.parameters` so the
+trainer's optimizer trains them and checkpoints their optimizer state.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+LOSS_NORMALIZATIONS = ("raw", "relative", "excess")
+
+
+class Weighting(ABC):
+    """Base class: keeps the per-task loss estimates and applies the task-loss normalisation.
+
+    Args:
+        num_tasks: number of tasks T.
+        loss_normalization: how loss-driven strategies see the task losses: ``raw`` (the paper), ``relative``
+            (``L_t / L_t^0``, the first estimate of task t) or ``excess`` (``max(L_t - ref_t, 0)``, DoReMi's excess
+            loss against a reference model).
+        reference_losses: one reference loss per task, required by ``excess``.
+        loss_ema: exponential moving average factor ``beta`` of the estimates:
+            ``est_t <- beta * est_t + (1 - beta) * L_t`` (0 uses the current step's loss, the paper's rule).
+    """
+
+    #: whether the weights follow the task losses (only those accept a loss normalisation and an EMA)
+    loss_driven: bool = True
+    #: whether :meth:`weights` needs the per-task gradient norms of a shared module (GradNorm)
+    needs_grad_norms: bool = False
+
+    def __init__(
+        self,
+        num_tasks: int,
+        loss_normalization: str = "raw",
+        reference_losses: list[float] | None = None,
+        loss_ema: float = 0.0,
+    ) -> None:
+        if num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        if loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, got {loss_normalization!r}")
+        if not self.loss_driven and (loss_normalization != "raw" or loss_ema):
+            raise ValueError(f"{type(self).__name__} is not loss-driven: loss_normalization and loss_ema do not apply")
+        if loss_normalization == "excess":
+            if reference_losses is None or len(reference_losses) != num_tasks:
+                raise ValueError(
+                    f"loss_normalization='excess' needs reference_losses with one value per task ({num_tasks}), "
+                    f"got {reference_losses!r}"
+                )
+        if not 0.0 <= loss_ema < 1.0:
+            raise ValueError(f"loss_ema must be in [0, 1), got {loss_ema}")
+        self.num_tasks = num_tasks
+        self.loss_normalization = loss_normalization
+        self.reference_losses = None if reference_losses is None else torch.tensor(reference_losses).float()
+        self.loss_ema = loss_ema
+        self.step = 0
+        self.estimates = torch.full((num_tasks,), math.nan)
+        self.initial_losses = torch.full((num_tasks,), math.nan)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def weights(
+        self,
+        task_losses: torch.Tensor,
+        present: torch.Tensor,
+        observed: torch.Tensor | None = None,
+        grad_norms: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Return the weights (shape ``[T]``) for this optimizer step and advance the strategy by one step.
+
+        Args:
+            task_losses: the step's per-task mean losses, ``[T]``; entries outside ``observed`` are ignored.
+            present: tasks with at least one target in this step. Only they get weight; the others keep their estimate.
+            observed: tasks whose entry of ``task_losses`` is a fresh measurement (default: ``present``). A task present
+                but not yet observed uses its last estimate (or, never seen, the largest current estimate).
+            grad_norms: per-task gradient norms on the shared module, for strategies with ``needs_grad_norms``.
+        """
+        task_losses = task_losses.detach().float().cpu()
+        present = present.detach().bool().cpu()
+        observed = present if observed is None else observed.detach().bool().cpu() & present
+        if task_losses.shape != (self.num_tasks,) or present.shape != (self.num_tasks,):
+            raise ValueError(
+                f"expected task_losses and present of shape ({self.num_tasks},), "
+                f"got {tuple(task_losses.shape)} and {tuple(present.shape)}"
+            )
+        self._observe(task_losses, observed)
+        estimates = self.estimates.clone()
+        unseen = present & estimates.isnan()
+        if unseen.any():
+            known = estimates[~estimates.isnan()]
+            estimates[unseen] = known.max() if known.numel() else 0.0
+        if not present.any():
+            w = torch.zeros(self.num_tasks)
+        else:
+            kwargs = {"grad_norms": grad_norms} if self.needs_grad_norms else {}
+            w = self._weights(self._normalize(estimates), present, **kwargs)
+        self.step += 1
+        return w
+
+    def _observe(self, task_losses: torch.Tensor, observed: torch.Tensor) -> None:
+        fresh = observed & self.estimates.isnan()
+        self.estimates[fresh] = task_losses[fresh]
+        seen = observed & ~fresh
+        self.estimates[seen] = self.loss_ema * self.estimates[seen] + (1 - self.loss_ema) * task_losses[seen]
+        first = observed & self.initial_losses.isnan()
+        self.initial_losses[first] = task_losses[first]
+
+    def _normalize(self, estimates: torch.Tensor) -> torch.Tensor:
+        if self.loss_normalization == "relative":
+            initial = torch.where(self.initial_losses.isnan(), estimates, self.initial_losses)
+            return estimates / initial.clamp_min(1e-12)
+        if self.loss_normalization == "excess":
+            return (estimates - self.reference_losses).clamp_min(0.0)
+        return estimates
+
+    @abstractmethod
+    def _weights(self, losses: torch.Tensor, present: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """The strategy's rule on normalised estimates; absent tasks must get weight 0."""
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Learnable parameters the trainer's optimizer updates (none for loss-driven strategies)."""
+        return []
+
+    def regularizer(self, present: torch.Tensor) -> torch.Tensor | None:
+        """A term added once per optimizer step to the objective (uncertainty weighting's log-variances)."""
+        return None
+
+    def to(self, device: torch.device | str) -> Weighting:
+        """Move learnable parameters to ``device`` (estimates stay on the CPU)."""
+        for param in self.parameters():
+            param.data = param.data.to(device)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (NaN stored as ``null``); float32 values round-trip exactly through JSON."""
+        state: dict[str, Any] = {"name": type(self).__name__, "step": self.step}
+        for key, value in self._tensor_state().items():
+            state[key] = _nan_to_none(value.detach().float().cpu().tolist())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != type(self).__name__:
+            raise ValueError(f"weighting state is for {state.get('name')!r}, not {type(self).__name__!r}")
+        self.step = int(state["step"])
+        for key, tensor in self._tensor_state().items():
+            if key not in state:
+                raise ValueError(f"weighting state of {type(self).__name__} lacks {key!r}")
+            value = torch.tensor(_none_to_nan(state[key]), dtype=torch.float32)
+            if value.shape != tensor.shape:
+                raise ValueError(
+                    f"weighting state {key!r} has shape {tuple(value.shape)}, expected {tuple(tensor.shape)}"
+                )
+            tensor.data.copy_(value.to(tensor.device))
+
+    def _tensor_state(self) -> dict[str, torch.Tensor]:
+        """Tensors that make up the state; subclasses extend it."""
+        return {"estimates": self.estimates, "initial_losses": self.initial_losses}
+
+
+def _nan_to_none(values: Any) -> Any:
+    """Strict JSON has no NaN: unknown estimates are stored as ``null``."""
+    if isinstance(values, list):
+        return [_nan_to_none(v) for v in values]
+    return None if math.isnan(values) else values
+
+
+def _none_to_nan(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_none_to_nan(v) for v in values]
+    return math.nan if values is None else values
+
+
+def masked_uniform(present: torch.Tensor) -> torch.Tensor:
+    """Uniform weights over the present tasks, zero elsewhere."""
+    return present.float() / present.sum().clamp_min(1)

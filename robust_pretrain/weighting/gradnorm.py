@@ -1,0 +1,56 @@
+"""GradNorm — Chen et al., *GradNorm: Gradient Normalization for Adaptive Loss Balancing in Deep Multitask Networks*
+(ICML 2018).
+
+Learnable weights ``w`` (initialised to 1, renormalised to sum to T before each step). With ``g_t`` the norm of the
+gradient of ``L_t`` w.r.t. the parameters of a shared module W (default: the last shared encoder layer),
+``G_t = w_t * g_t``, ``Gbar = mean_t G_t``, the relative inverse training rate ``r_t = Ltilde_t / mean(Ltilde)`` with
+``Ltilde_t = L_t / L_t(0)``, and the constant targets ``G_t* = Gbar * r_t ** alpha``, the weights follow the gradient of
+``L_grad = sum_t |G_t - G_t*|``: ``dL_grad/dw_t = sign(G_t - G_t*) * g_t``. The trainer's optimizer applies that
+gradient. The task losses are weighted by ``w / T`` so the weights sum to 1 like every other strategy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Weighting
+
+
+class GradNormWeighting(Weighting):
+    """GradNorm with asymmetry ``gradnorm_alpha`` (default 1.5)."""
+
+    loss_driven = False
+    needs_grad_norms = True
+
+    def __init__(self, num_tasks: int, gradnorm_alpha: float = 1.5, **kwargs) -> None:
+        super().__init__(num_tasks, **kwargs)
+        if gradnorm_alpha < 0:
+            raise ValueError(f"gradnorm_alpha must be >= 0, got {gradnorm_alpha}")
+        self.gradnorm_alpha = gradnorm_alpha
+        self.task_weights = torch.nn.Parameter(torch.ones(num_tasks))
+        self.last_target_norms = torch.zeros(num_tasks)
+
+    def _weights(self, losses: torch.Tensor, present: torch.Tensor, grad_norms: torch.Tensor | None) -> torch.Tensor:
+        if grad_norms is None or grad_norms.shape != (self.num_tasks,):
+            raise ValueError(f"GradNorm needs grad_norms of shape ({self.num_tasks},), got {grad_norms!r}")
+        with torch.no_grad():
+            w = self.task_weights.clamp_min(1e-6)
+            self.task_weights.copy_(w * self.num_tasks / w.sum())
+        w = self.task_weights.detach().cpu()
+        g = grad_norms.detach().float().cpu()
+        relative = losses / self.initial_losses
+        inverse_rate = relative / relative[present].mean()
+        norms = w * g
+        targets = torch.where(present, norms[present].mean() * inverse_rate.pow(self.gradnorm_alpha), 0.0)
+        self.last_target_norms = targets
+        grad = torch.where(present, torch.sign(norms - targets) * g, 0.0)
+        if self.task_weights.grad is None:
+            self.task_weights.grad = torch.zeros_like(self.task_weights)
+        self.task_weights.grad += grad.to(self.task_weights.device)
+        return torch.where(present, w, 0.0) / self.num_tasks
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [self.task_weights]
+
+    def _tensor_state(self) -> dict[str, torch.Tensor]:
+        return {**super()._tensor_state(), "task_weights": self.task_weights}

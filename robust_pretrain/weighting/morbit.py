@@ -1,0 +1,42 @@
+"""MORBiT — projected gradient ascent of the task weights on the simplex.
+
+Gu et al., *Min-Max Multi-objective Bilevel Optimization with Applications in Robust Machine Learning* (ICLR 2023):
+``lambda <- proj_simplex(lambda + gamma * L)``, with the exact Euclidean projection onto the probability simplex
+(the sort-based algorithm of Held et al. 1974 / Duchi et al. 2008). Absent tasks keep their lambda and get no weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Weighting
+
+
+def project_to_simplex(v: torch.Tensor) -> torch.Tensor:
+    """Euclidean projection of a vector onto ``{x : x >= 0, sum x = 1}``."""
+    if v.dim() != 1 or v.numel() == 0:
+        raise ValueError(f"project_to_simplex needs a non-empty vector, got shape {tuple(v.shape)}")
+    u, _ = torch.sort(v, descending=True)
+    cumulative = torch.cumsum(u, dim=0) - 1.0
+    k = torch.arange(1, v.numel() + 1, dtype=v.dtype)
+    rho = int(torch.nonzero(u - cumulative / k > 0).max())
+    theta = cumulative[rho] / (rho + 1)
+    return (v - theta).clamp_min(0.0)
+
+
+class MorbitWeighting(Weighting):
+    """Projected ascent ``lambda <- proj(lambda + morbit_step_size * L)``, starting from the uniform vector."""
+
+    def __init__(self, num_tasks: int, morbit_step_size: float = 0.01, **kwargs) -> None:
+        super().__init__(num_tasks, **kwargs)
+        if not morbit_step_size > 0:
+            raise ValueError(f"morbit_step_size must be > 0, got {morbit_step_size}")
+        self.morbit_step_size = morbit_step_size
+        self.lam = torch.full((num_tasks,), 1.0 / num_tasks)
+
+    def _weights(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        self.lam[present] = project_to_simplex(self.lam[present] + self.morbit_step_size * losses[present])
+        return torch.where(present, self.lam, torch.zeros_like(self.lam))
+
+    def _tensor_state(self) -> dict[str, torch.Tensor]:
+        return {**super()._tensor_state(), "lam": self.lam}
