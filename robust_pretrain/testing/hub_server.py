@@ -52,9 +52,17 @@ def _git_blob_oid(content: bytes) -> str:
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
+        self.status, self.message, self.code = status, message, code
+        self.headers, self.body = headers or {}, body or {}
 
 
 @dataclass
@@ -282,7 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"Content-Type": "application/json", "X-Error-Message": err.message, **err.headers}
         if err.code:
             headers["X-Error-Code"] = err.code
-        self._send(err.status, json.dumps({"error": err.message}).encode(), headers, method)
+        self._send(err.status, json.dumps({"error": err.message, **err.body}).encode(), headers, method)
 
     def _user(self, *, required: bool = False) -> str | None:
         """User of the bearer token; an unknown token is refused with 401 even on public resources, like the Hub."""
@@ -370,9 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
         with hub._lock:
             if (repo_type, repo_id) in hub._repos:
                 repo = hub._repos[(repo_type, repo_id)]
-                raise _HttpError(
-                    409, f"You already created this {repo_type} repo", headers={"X-Repo-Url": hub._url(repo)}
-                )
+                raise _HttpError(409, f"You already created this {repo_type} repo", body={"url": hub._url(repo)})
             repo = _Repo(repo_type, repo_id, user, payload.get("visibility") == "private", _now())
             hub._repos[(repo_type, repo_id)] = repo
             files = {".gitattributes": hub._store_blob(_GITATTRIBUTES)}
