@@ -1,0 +1,248 @@
+"""Fine-tune one checkpoint on one GLUE task with the paper's protocol (conventions of HF's ``run_glue.py``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+from peft import LoraConfig, TaskType, get_peft_model
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    EvalPrediction,
+    HfArgumentParser,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
+from transformers.trainer_utils import SaveStrategy
+
+from robust_pretrain.glue.config import parse_with_config
+from robust_pretrain.glue.data import load_glue
+from robust_pretrain.glue.metrics import load_glue_metric
+from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GlueRunArguments:
+    """What to fine-tune on which task."""
+
+    model_name_or_path: str = field(metadata={"help": "Checkpoint to fine-tune: local directory or Hub model id."})
+    task_name: str = field(metadata={"help": f"GLUE task, one of: {', '.join(GLUE_TASKS)}."})
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer directory or Hub id, if not the checkpoint's own."}
+    )
+
+
+@dataclass
+class GlueDataArguments:
+    """Where the GLUE data comes from and how much of it is used."""
+
+    glue_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory in the original GLUE TSV layout (<dir>/<TASK>/train.tsv, dev.tsv); default: Hub."},
+    )
+    max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training examples."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Use only the first N examples per eval split."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for Hub downloads."})
+
+    def __post_init__(self) -> None:
+        for name in ("max_seq_length", "max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be a positive integer, got {value}")
+
+
+@dataclass
+class LoraArguments:
+    """Optional LoRA fine-tuning via peft (the classification head is trained fully and saved with the adapter)."""
+
+    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling alpha."})
+    lora_dropout: float = field(default=0.1, metadata={"help": "Dropout on the LoRA branch."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["query", "value"], metadata={"help": "Module names that get LoRA adapters."}
+    )
+
+
+@dataclass
+class GlueTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` with the paper's GLUE fine-tuning defaults; trains, evaluates, saves the final model."""
+
+    learning_rate: float = field(default=2e-5, metadata={"help": "Peak learning rate (paper: 2e-5)."})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch size (paper: 32)."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper: 0.1)."})
+    warmup_steps: float = field(
+        default=0.06, metadata={"help": "Warmup: ratio of total steps if < 1, else a step count (paper: 6%)."}
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="no", metadata={"help": "Intermediate checkpoints ('no', 'epoch', 'steps'); the final model is saved."}
+    )
+    do_train: bool = field(default=True, metadata={"help": "Fine-tune (disable to only evaluate the checkpoint)."})
+    do_eval: bool = field(default=True, metadata={"help": "Evaluate on the task's dev split(s) after training."})
+
+
+def check_checkpoint(name_or_path: str) -> None:
+    """Fail early when a checkpoint given as a local path does not exist or is not a model directory."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"checkpoint {name_or_path!r} is a directory without config.json (not a model)")
+        return
+    looks_local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if looks_local:
+        raise FileNotFoundError(f"checkpoint {name_or_path!r} does not exist or is not a model directory")
+
+
+def _limit(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
+    return dataset if count is None else dataset.select(range(min(count, len(dataset))))
+
+
+def _prepare(
+    splits: datasets.DatasetDict,
+    spec: TaskSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    data_args: GlueDataArguments,
+) -> datasets.DatasetDict:
+    """Keep the first ``max_*_samples`` examples of each split, then tokenize (dynamic padding happens per batch)."""
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        return tokenizer(*(batch[name] for name in spec.text_columns), max_length=max_length, truncation=True)
+
+    limited = datasets.DatasetDict(
+        {
+            split: _limit(dataset, data_args.max_train_samples if split == "train" else data_args.max_eval_samples)
+            for split, dataset in splits.items()
+        }
+    )
+    return limited.map(encode, batched=True, remove_columns=[*spec.text_columns, "idx"], desc="Tokenizing")
+
+
+def build_compute_metrics(spec: TaskSpec):
+    """``compute_metrics`` for the Trainer, backed by the shipped ``evaluate`` module."""
+    metric = load_glue_metric(spec.name)
+
+    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        predictions = np.squeeze(logits, axis=-1) if spec.is_regression else np.argmax(logits, axis=-1)
+        return metric.compute(predictions=predictions, references=prediction.label_ids)
+
+    return compute_metrics
+
+
+def _load_model(run_args: GlueRunArguments, lora_args: LoraArguments, spec: TaskSpec, cache_dir: str | None):
+    labels = (
+        {}
+        if spec.label_names is None
+        else {
+            "id2label": dict(enumerate(spec.label_names)),
+            "label2id": {name: i for i, name in enumerate(spec.label_names)},
+        }
+    )
+    config = AutoConfig.from_pretrained(
+        run_args.model_name_or_path,
+        num_labels=spec.num_labels,
+        finetuning_task=spec.name,
+        problem_type="regression" if spec.is_regression else "single_label_classification",
+        cache_dir=cache_dir,
+        **labels,
+    )
+    model = AutoModelForSequenceClassification.from_pretrained(
+        run_args.model_name_or_path, config=config, cache_dir=cache_dir
+    )
+    if not lora_args.use_lora:
+        return model
+    # TaskType.SEQ_CLS makes peft train and save the classification head (modules_to_save) alongside the adapters.
+    lora_config = LoraConfig(
+        task_type=TaskType.SEQ_CLS,
+        r=lora_args.lora_r,
+        lora_alpha=lora_args.lora_alpha,
+        lora_dropout=lora_args.lora_dropout,
+        target_modules=list(lora_args.lora_target_modules),
+    )
+    model = get_peft_model(model, lora_config)
+    model.print_trainable_parameters()
+    return model
+
+
+def run_finetune(
+    run_args: GlueRunArguments,
+    data_args: GlueDataArguments,
+    lora_args: LoraArguments,
+    training_args: GlueTrainingArguments,
+) -> dict[str, float]:
+    """Fine-tune and/or evaluate; returns the eval metrics (MNLI mismatched keys end in ``_mm``).
+
+    Writes ``train_results.json``, ``eval_results.json``, ``all_results.json`` and the final model (full weights,
+    or the peft adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``.
+    """
+    spec = get_task(run_args.task_name)
+    check_checkpoint(run_args.model_name_or_path)
+    if run_args.tokenizer_name:
+        check_checkpoint(run_args.tokenizer_name)
+    splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
+    set_seed(training_args.seed)
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        run_args.tokenizer_name or run_args.model_name_or_path, cache_dir=data_args.cache_dir
+    )
+    max_length = min(data_args.max_seq_length, tokenizer.model_max_length)
+    if max_length < data_args.max_seq_length:
+        logger.warning(
+            "max_seq_length %d exceeds the tokenizer's limit; using %d", data_args.max_seq_length, max_length
+        )
+    model = _load_model(run_args, lora_args, spec, data_args.cache_dir)
+    encoded = _prepare(splits, spec, tokenizer, max_length, data_args)
+
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=encoded["train"] if training_args.do_train else None,
+        processing_class=tokenizer,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        compute_metrics=build_compute_metrics(spec),
+    )
+    if training_args.do_train:
+        train_result = trainer.train()
+        trainer.save_model()
+        train_metrics = {**train_result.metrics, "train_samples": len(trainer.train_dataset)}
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+
+    eval_metrics: dict[str, float] = {}
+    if training_args.do_eval:
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        for split in spec.eval_splits:
+            metrics = {**trainer.evaluate(eval_dataset=encoded[split]), "eval_samples": len(encoded[split])}
+            suffix = "_mm" if split == "validation_mismatched" else ""
+            eval_metrics.update({f"{key}{suffix}": value for key, value in metrics.items()})
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+    return eval_metrics
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """CLI entry point: ``python recipes/finetune_glue.py [--config FILE] [--option value ...]``."""
+    parser = HfArgumentParser(
+        (GlueRunArguments, GlueDataArguments, LoraArguments, GlueTrainingArguments),
+        description="Fine-tune a checkpoint on a GLUE task. --config FILE (YAML/JSON) sets defaults for any option.",
+    )
+    run_args, data_args, lora_args, training_args = parse_with_config(parser, argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    datasets.utils.logging.set_verbosity_warning()
+    return run_finetune(run_args, data_args, lora_args, training_args)
