@@ -128,6 +128,10 @@ class Weighting(ABC):
         """Learnable parameters the trainer's optimizer updates (none for loss-driven strategies)."""
         return []
 
+    def differentiable_weights(self, weights: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """The step's weights as used in the loss; learnable strategies rebuild them so gradient reaches them."""
+        return weights
+
     def regularizer(self, present: torch.Tensor) -> torch.Tensor | None:
         """A term added once per optimizer step to the objective (uncertainty weighting's log-variances)."""
         return None

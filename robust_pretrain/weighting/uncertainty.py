@@ -24,6 +24,9 @@ class UncertaintyWeighting(Weighting):
         self.log_vars = torch.nn.Parameter(torch.zeros(num_tasks))
 
     def _weights(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        return self.differentiable_weights(losses, present).detach()
+
+    def differentiable_weights(self, weights: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         return 0.5 * torch.exp(-self.log_vars) * present.to(self.log_vars.device).float()
 
     def regularizer(self, present: torch.Tensor) -> torch.Tensor:

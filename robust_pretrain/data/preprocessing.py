@@ -1,0 +1,195 @@
+"""Turn raw text into token features aligned with part-of-speech tasks, for ``datasets`` (eager or streaming)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from datasets import Dataset, Features, IterableDataset, List, Value
+from datasets.fingerprint import Hasher
+
+from robust_pretrain.data.taggers import Tagger, TagFunction, TaggedWord, get_tagger
+from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
+
+FEATURES = Features(
+    {
+        "input_ids": List(Value("int32")),
+        "attention_mask": List(Value("int8")),
+        "special_tokens_mask": List(Value("int8")),
+        "word_ids": List(Value("int32")),
+        "token_task_ids": List(Value("int8")),
+    }
+)
+"""Output columns. ``word_ids``: word index within the sequence (0, 1, ...), -1 for special tokens and tokens
+outside any word. ``token_task_ids``: task id of the token's word, -1 for special tokens and non-task words."""
+
+_TRANSFORM_VERSION = "tokenize_and_tag/1"
+
+
+def align_tokens_to_words(
+    offsets: Sequence[tuple[int, int]], special_tokens_mask: Sequence[int], words: Sequence[TaggedWord]
+) -> list[int]:
+    """Index into ``words`` of the word each token belongs to, or -1.
+
+    A token belongs to the first word its character span ``[start, end)`` overlaps, so tokens whose offsets include
+    a leading space (byte-level BPE, SentencePiece) and tokens that run across a word boundary are handled alike.
+    """
+    word_ends = [end for _, end, _ in words]
+    token_words = []
+    for (start, end), special in zip(offsets, special_tokens_mask):
+        index = bisect_right(word_ends, start) if not special and end > start else len(words)
+        token_words.append(index if index < len(words) and words[index][0] < end else -1)
+    return token_words
+
+
+class _TokenizeAndTag:
+    """Batched ``datasets.map`` function (picklable: tokenizer, tagger and spec are sent to workers)."""
+
+    def __init__(self, tokenizer: Any, spec: TaskSpec, tagger: Tagger, text_column: str, max_length: int,
+                 pack: bool) -> None:
+        self.tokenizer = tokenizer
+        self.tag_to_task = spec.tag_to_task
+        self.tagger = tagger
+        self.text_column = text_column
+        self.max_length = max_length
+        self.pack = pack
+        probe = tokenizer("a", return_special_tokens_mask=True)
+        mask = probe["special_tokens_mask"]
+        first = mask.index(0)
+        last = len(mask) - 1 - mask[::-1].index(0)
+        self.prefix_ids = probe["input_ids"][:first]
+        self.suffix_ids = probe["input_ids"][last + 1:]
+        self.block_size = max_length - len(self.prefix_ids) - len(self.suffix_ids)
+        if self.block_size < 1:
+            raise ValueError(f"max_seq_length={max_length} leaves no room next to the tokenizer's special tokens")
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        texts = batch[self.text_column]
+        for row, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"column {self.text_column!r} must hold strings; row {row} is {type(text).__name__}")
+        tagged = self.tagger(texts)
+        encoded = self.tokenizer(
+            texts,
+            add_special_tokens=not self.pack,
+            truncation=not self.pack,
+            max_length=None if self.pack else self.max_length,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            return_attention_mask=False,
+            verbose=False,
+        )
+        rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
+        for ids, offsets, special, words in zip(
+            encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], tagged
+        ):
+            token_words = align_tokens_to_words(offsets, special, words)
+            tasks = [self.tag_to_task.get(words[w][2], -1) if w >= 0 else -1 for w in token_words]
+            rows.append((ids, list(special), token_words, tasks))
+        if self.pack:
+            rows = self._pack(rows)
+        columns: dict[str, list] = {name: [] for name in FEATURES}
+        for ids, special, token_words, tasks in rows:
+            columns["input_ids"].append(ids)
+            columns["attention_mask"].append([1] * len(ids))
+            columns["special_tokens_mask"].append(special)
+            columns["word_ids"].append(_renumber(token_words))
+            columns["token_task_ids"].append(tasks)
+        return columns
+
+    def _pack(self, rows: list[tuple[list[int], list[int], list[int], list[int]]]) -> list:
+        """Concatenate the texts of a batch and cut blocks of ``max_length`` tokens (special tokens included).
+
+        Word indices are made unique across texts before cutting; the last, shorter block is kept.
+        """
+        ids, words, tasks = [], [], []
+        word_offset = 0
+        for text_ids, _, text_words, text_tasks in rows:
+            ids.extend(text_ids)
+            words.extend(w + word_offset if w >= 0 else -1 for w in text_words)
+            tasks.extend(text_tasks)
+            word_offset += max(text_words, default=-1) + 1
+        n_prefix, n_suffix = len(self.prefix_ids), len(self.suffix_ids)
+        blocks = []
+        for start in range(0, len(ids), self.block_size):
+            stop = start + self.block_size
+            blocks.append((
+                self.prefix_ids + ids[start:stop] + self.suffix_ids,
+                [1] * n_prefix + [0] * len(ids[start:stop]) + [1] * n_suffix,
+                [-1] * n_prefix + words[start:stop] + [-1] * n_suffix,
+                [-1] * n_prefix + tasks[start:stop] + [-1] * n_suffix,
+            ))
+        return blocks
+
+
+def _renumber(token_words: list[int]) -> list[int]:
+    """Map word indices to 0, 1, ... in order of first appearance (-1 stays -1)."""
+    new_ids: dict[int, int] = {}
+    return [new_ids.setdefault(w, len(new_ids)) if w >= 0 else -1 for w in token_words]
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    return Hasher.hash([type(tokenizer).__name__, tokenizer.backend_tokenizer.to_str()])
+
+
+def tokenize_and_tag(
+    dataset: Dataset | IterableDataset,
+    tokenizer: Any,
+    spec: TaskSpecLike = None,
+    tagger: str | Tagger | TagFunction = "shipped",
+    *,
+    text_column: str = "text",
+    max_seq_length: int | None = None,
+    pack: bool = False,
+    num_proc: int | None = None,
+    batch_size: int = 1000,
+    load_from_cache_file: bool | None = None,
+) -> Dataset | IterableDataset:
+    """Tokenize and PoS-tag ``dataset[text_column]`` into the columns of :data:`FEATURES` (others are dropped).
+
+    Args:
+        dataset: a ``Dataset`` (mapped eagerly, cached under a deterministic fingerprint, so a repeated call is a
+            cache hit) or an ``IterableDataset`` (mapped lazily: tagging runs where it is iterated, e.g. in
+            ``DataLoader`` workers).
+        tokenizer: a fast (Rust-backed) tokenizer; its character offsets align tokens with tagged words.
+        spec: task specification (``TaskSpec``, mapping, YAML path, or ``None`` for the nine default PoS tasks).
+        tagger: ``"shipped"`` (default), ``"nltk"``, or a callable backend (see :func:`get_tagger`).
+        max_seq_length: tokens per sequence, special tokens included; default ``min(model_max_length, 512)``.
+            Without packing longer texts are truncated.
+        pack: concatenate the texts of each map batch and cut them into ``max_seq_length`` blocks.
+        num_proc: worker processes for an eager ``Dataset`` (ignored for streaming).
+        batch_size: texts per map batch (packing happens within a batch).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(
+            f"tokenize_and_tag needs a fast tokenizer (PreTrainedTokenizerFast) for character offsets; got "
+            f"{type(tokenizer).__name__}. Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
+        )
+    spec = TaskSpec.resolve(spec)
+    tagger = get_tagger(tagger)
+    if max_seq_length is None:
+        max_seq_length = min(tokenizer.model_max_length, 512)
+    column_names = dataset.column_names
+    if column_names is not None and text_column not in column_names:
+        raise ValueError(f"text column {text_column!r} not in dataset columns {column_names}")
+    function = _TokenizeAndTag(tokenizer, spec, tagger, text_column, max_seq_length, pack)
+    remove_columns = column_names if column_names is not None else [text_column]
+    if isinstance(dataset, IterableDataset):
+        return dataset.map(function, batched=True, batch_size=batch_size, remove_columns=remove_columns,
+                           features=FEATURES)
+    fingerprint = Hasher.hash([
+        _TRANSFORM_VERSION, dataset._fingerprint, _tokenizer_fingerprint(tokenizer), spec.to_dict(),
+        tagger.fingerprint, text_column, max_seq_length, pack, batch_size,
+    ])
+    return dataset.map(
+        function,
+        batched=True,
+        batch_size=batch_size,
+        remove_columns=remove_columns,
+        features=FEATURES,
+        num_proc=num_proc,
+        new_fingerprint=fingerprint,
+        load_from_cache_file=load_from_cache_file,
+        desc="Tokenizing and PoS-tagging",
+    )

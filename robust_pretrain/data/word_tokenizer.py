@@ -1,0 +1,40 @@
+"""Regex word tokenizer with character spans, close to UD English-EWT conventions, needing no downloaded data.
+
+Conventions (as in EWT): clitics split off (``don't`` -> ``do n't``, ``can't`` -> ``ca n't``, ``John's`` ->
+``John 's``, ``we'll`` -> ``we 'll``; straight or curly apostrophes), hyphenated compounds split at the hyphen
+(``search-engine`` -> ``search - engine``), punctuation and symbols are separate tokens (a run of the same mark such
+as ``...`` or ``!!`` stays one token). URLs, e-mail addresses, dotted abbreviations (``U.S.``) and numbers with
+internal ``.,:/`` (``3.14``, ``1,000``, ``10:30``) stay whole. Letters include non-ASCII letters and combining marks.
+"""
+
+from __future__ import annotations
+
+import re
+
+_LETTER = r"[^\W_]"
+_WORD_CHAR = r"[^\W_]|[\u0300-\u036f]"
+_CLITIC = r"['’](?:s|re|ve|ll|m|d)(?![^\W_])"
+_TOKEN_PATTERN = re.compile(
+    rf"""
+    (?:https?://|www\.)[^\s<>"]*[^\s<>".,;:!?'’)\]}}]     # URL (trailing punctuation left out)
+    | [\w.+-]+@\w[\w-]*(?:\.\w[\w-]*)+                    # e-mail address
+    | (?:{_LETTER}\.){{2,}}                               # dotted abbreviation: U.S., e.g.
+    | \d+(?:[.,:/]\d+)+                                   # number with internal separators
+    | (?:{_WORD_CHAR})+?(?=n['’]t(?![^\W_]))              # stem before n't: do|n't, ca|n't
+    | n['’]t(?![^\W_])                                    # negation clitic
+    | (?<=[^\W_]){_CLITIC}                                # 's 're 've 'll 'm 'd after a word
+    | (?:{_WORD_CHAR}|_)+(?:(?!{_CLITIC})['’](?:{_WORD_CHAR})+)*  # word, maybe with inner apostrophes (O'Brien)
+    | ([^\w\s])\1*                                        # punctuation/symbol run
+    """,
+    re.VERBOSE | re.IGNORECASE,
+)
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Character ``(start, end)`` spans of the words of ``text``; whitespace is never part of a word."""
+    return [match.span() for match in _TOKEN_PATTERN.finditer(text)]
+
+
+def word_tokenize(text: str) -> list[str]:
+    """The words of ``text`` as strings (see :func:`word_spans`)."""
+    return [text[start:end] for start, end in word_spans(text)]

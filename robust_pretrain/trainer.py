@@ -1,0 +1,330 @@
+"""``MinimaxTrainer``: the Hugging Face ``Trainer`` with a task-weighted (worst-case) objective.
+
+Per optimizer step, for tasks t = 1..T with per-task target sums ``S_t`` and global target counts ``N_t`` (over every
+micro-batch of the step and every process):
+
+* the weights ``w`` are computed once, at the step's first micro-batch, from that micro-batch's per-task mean losses
+  pooled over all processes (with ``gradient_accumulation_steps=1``: the paper's current-batch rule); a task absent
+  from that micro-batch but present later in the step uses its last estimate;
+* each micro-batch contributes ``sum_t w_t * S_t / N_t``, so the accumulated gradient equals the gradient of
+  ``sum_t w_t * mean_t`` over the union of the step's batches, whatever the number of processes or micro-batches.
+
+Only ``get_batch_samples`` (global per-task counts), ``compute_loss``, ``evaluation_loop`` (per-task eval losses),
+``log``, ``create_optimizer`` (learnable weights), ``save_model`` and ``train`` (weighting state in checkpoints) are
+overridden; ``training_step`` is the Trainer's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from .task_losses import TargetPositionsHead, per_target_losses, reduce_by_task, target_task_ids
+from .training_args import MinimaxTrainingArguments
+from .weighting import Weighting
+
+WEIGHTING_STATE_NAME = "weighting_state.json"
+TASK_COLUMNS = ("task_ids", "token_task_ids", "word_ids", "special_tokens_mask")
+
+
+class MinimaxTrainer(Trainer):
+    """``Trainer`` whose loss is ``sum_t w_t L_t`` with weights from a :mod:`robust_pretrain.weighting` strategy.
+
+    Batches carry ``labels`` and ``task_ids`` (token-level, same shape as ``labels``, or one id per example; ``-100``
+    or any negative id marks a non-target). Alternatively the model returns ``task_losses`` (a dict task name ->
+    mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are averaged
+    over processes and micro-batches. Pass ``weighting=`` to use a strategy instance instead of the one the
+    arguments describe.
+    """
+
+    # compute_loss normalises by the whole step's global per-task counts: the Trainer must not divide again.
+    loss_is_scaled_for_ga = True
+
+    def __init__(self, *args: Any, weighting: Weighting | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, MinimaxTrainingArguments):
+            raise TypeError(f"MinimaxTrainer needs MinimaxTrainingArguments, got {type(self.args).__name__}")
+        self.task_names: list[str] = list(self.args.task_names)
+        self.weighting = (weighting or self.args.build_weighting()).to(self.args.device)
+        if self.weighting.num_tasks != self.num_tasks:
+            raise ValueError(f"weighting has {self.weighting.num_tasks} tasks, task_names has {self.num_tasks}")
+        self.mlm_head = TargetPositionsHead.attach(self.model) if self.args.sparse_mlm_head else None
+        self.step_weights = torch.zeros(self.num_tasks)
+        self._step_counts: torch.Tensor | None = None
+        self._micro_index = 0
+        self._train_sums = torch.zeros(2 * self.num_tasks)
+        self._eval_sums = torch.zeros(2 * self.num_tasks)
+        self._shared_params: list[torch.nn.Parameter] | None = None
+        if self.weighting.parameters():
+            self.add_callback(_LearnableWeightsCallback(self))
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_names)
+
+    # ---------------------------------------------------------------------------------------------------- data
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        self._signature_columns += [c for c in TASK_COLUMNS if c not in self._signature_columns]
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        """Prefetch the step's micro-batches (as the Trainer does) and count each task's targets over all processes."""
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        counts = torch.zeros(self.num_tasks, device=device)
+        with_ids = [b for b in batch_samples if "task_ids" in b and "labels" in b]
+        for batch in with_ids:
+            _, ids = target_task_ids(batch["labels"], batch["task_ids"], self.num_tasks)
+            counts += torch.bincount(ids.to(device), minlength=self.num_tasks).float()
+        self._step_counts = self._all_reduce(counts) if with_ids else None
+        self._micro_index = 0
+        return batch_samples, num_items_in_batch
+
+    # ---------------------------------------------------------------------------------------------------- loss
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        sums, counts, outputs = self._task_sums(model, inputs)
+        if model.training:
+            loss = self._weighted_objective(sums, counts)
+            self._train_sums += torch.cat([sums.detach(), counts]).cpu()
+        else:
+            self._eval_sums += torch.cat([sums.detach(), counts]).cpu()
+            loss = sums.sum() / counts.sum().clamp_min(1)
+        return (loss, outputs) if return_outputs else loss
+
+    def _task_sums(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One forward pass; returns per-task loss sums (with gradient), target counts and the model outputs."""
+        task_ids = inputs.pop("task_ids", None)
+        if task_ids is None:
+            outputs = model(**inputs)
+            task_losses = outputs.get("task_losses") if isinstance(outputs, dict) else None
+            if task_losses is None:
+                raise ValueError(
+                    "MinimaxTrainer needs `task_ids` in every batch (with `labels`) or a model that returns "
+                    "`task_losses` (a dict task name -> loss)"
+                )
+            return (*self._sums_from_dict(task_losses, outputs.get("task_counts")), outputs)
+        if "labels" not in inputs:
+            raise ValueError("batch has `task_ids` but no `labels`")
+        labels = inputs.pop("labels")
+        mask, ids = target_task_ids(labels, task_ids, self.num_tasks)
+        sparse = self.mlm_head is not None and labels.shape == inputs.get("input_ids", labels).shape
+        if sparse:
+            with self.mlm_head.select(mask):
+                outputs = model(**inputs)
+        else:
+            outputs = model(**inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        if logits.shape[:-1] == labels.shape:
+            logits = logits[mask]
+        elif logits.shape[0] != ids.numel():
+            raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
+        sums, counts = reduce_by_task(per_target_losses(logits, labels[mask]), ids, self.num_tasks)
+        return sums, counts, outputs
+
+    def _sums_from_dict(
+        self, task_losses: dict[str, torch.Tensor], task_counts: dict[str, Any] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        unknown = set(task_losses) - set(self.task_names)
+        if unknown:
+            raise ValueError(f"model returned losses for unknown tasks {sorted(unknown)}; task_names={self.task_names}")
+        device = next(iter(task_losses.values())).device if task_losses else self.args.device
+        counts = torch.tensor(
+            [float((task_counts or {}).get(name, 1.0)) if name in task_losses else 0.0 for name in self.task_names],
+            device=device,
+        )
+        sums = (
+            torch.stack(
+                [
+                    task_losses[name].float().reshape(()) if name in task_losses else torch.zeros((), device=device)
+                    for name in self.task_names
+                ]
+            )
+            * counts
+        )
+        return sums, counts
+
+    def _weighted_objective(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        step_counts = self._step_counts
+        if step_counts is None:  # dict-returning model: counts are only known after the forward pass
+            step_counts = self._all_reduce(counts.detach().float()) * self.current_gradient_accumulation_steps
+        step_counts = step_counts.to(sums.device)
+        present = step_counts > 0
+        regularizer = None
+        if self._micro_index == 0:
+            pooled = self._all_reduce(torch.cat([sums.detach().float(), counts.float()]))
+            pooled_sums, pooled_counts = pooled[: self.num_tasks], pooled[self.num_tasks :]
+            observed = pooled_counts > 0
+            means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
+            self._check_finite(means, observed)
+            grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
+            self.step_weights = self.weighting.weights(means, present, observed, grad_norms=grad_norms).detach().cpu()
+            regularizer = self.weighting.regularizer(present)
+        else:
+            self._check_finite(sums.detach() / counts.clamp_min(1), counts > 0)
+        self._micro_index += 1
+        weights = self.weighting.differentiable_weights(self.step_weights, present).to(sums.device)
+        loss = (weights * sums / step_counts.clamp_min(1)).sum() * self.accelerator.num_processes
+        return loss if regularizer is None else loss + regularizer
+
+    def _check_finite(self, task_means: torch.Tensor, observed: torch.Tensor) -> None:
+        bad = observed & ~torch.isfinite(task_means)
+        if bad.any():
+            names = [self.task_names[i] for i in torch.nonzero(bad).flatten().tolist()]
+            raise FloatingPointError(
+                f"non-finite loss for task(s) {names} at optimizer step {self.state.global_step + 1}"
+            )
+
+    def _task_grad_norms(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Norm of each task's mean-loss gradient w.r.t. the shared module, averaged over processes (GradNorm)."""
+        params = self._shared_parameters()
+        norms = torch.zeros(self.num_tasks, device=sums.device)
+        for t in torch.nonzero(counts > 0).flatten().tolist():
+            grads = torch.autograd.grad(sums[t] / counts[t], params, retain_graph=True, allow_unused=True)
+            norms[t] = torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None))
+        pooled = self._all_reduce(torch.cat([norms, (counts > 0).float()]))
+        return pooled[: self.num_tasks] / pooled[self.num_tasks :].clamp_min(1)
+
+    def _shared_parameters(self) -> list[torch.nn.Parameter]:
+        if self._shared_params is None:
+            model = self.accelerator.unwrap_model(self.model)
+            name = self.args.gradnorm_shared_module or last_encoder_layer(model)
+            modules = dict(model.named_modules())
+            if name not in modules:
+                raise ValueError(f"gradnorm_shared_module: the model has no module named {name!r}")
+            self._shared_params = [p for p in modules[name].parameters() if p.requires_grad]
+            if not self._shared_params:
+                raise ValueError(f"gradnorm_shared_module: module {name!r} has no trainable parameters")
+        return self._shared_params
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes == 1:
+            return tensor
+        return self.accelerator.reduce(tensor.to(self.args.device), reduction="sum")
+
+    # ------------------------------------------------------------------------------------------- eval / logging
+    def evaluation_loop(
+        self,
+        dataloader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ):
+        """The Trainer's loop, plus per-task losses, their mean and the worst task's loss."""
+        self._eval_sums.zero_()
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        output.metrics.update(self.task_metrics(self._all_reduce(self._eval_sums).cpu(), metric_key_prefix))
+        return output
+
+    def task_metrics(self, pooled: torch.Tensor, prefix: str) -> dict[str, float]:
+        """``{prefix}_task_loss/<name>``, ``{prefix}_mean_task_loss`` and ``{prefix}_worst_task_loss``."""
+        sums, counts = pooled[: self.num_tasks], pooled[self.num_tasks :]
+        losses = {name: float(sums[i] / counts[i]) for i, name in enumerate(self.task_names) if counts[i] > 0}
+        metrics = {f"{prefix}_task_loss/{name}": value for name, value in losses.items()}
+        if losses:
+            metrics[f"{prefix}_mean_task_loss"] = sum(losses.values()) / len(losses)
+            metrics[f"{prefix}_worst_task_loss"] = max(losses.values())
+        return metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and "eval_loss" not in logs:
+            pooled = self._all_reduce(self._train_sums.clone()).cpu()
+            self._train_sums.zero_()
+            sums, counts = pooled[: self.num_tasks], pooled[self.num_tasks :]
+            for i, name in enumerate(self.task_names):
+                if counts[i] > 0:
+                    logs[f"task_loss/{name}"] = round(float(sums[i] / counts[i]), 6)
+            for i, name in enumerate(self.task_names):
+                logs[f"task_weight/{name}"] = round(float(self.step_weights[i]), 6)
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------------------------ optimizer / checkpoints
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        params = self.weighting.parameters()
+        known = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if params and not known & {id(p) for p in params}:
+            lr = self.args.weighting_learning_rate or self.args.learning_rate
+            optimizer.add_param_group({"params": params, "weight_decay": 0.0, "lr": lr})
+        return optimizer
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model as the Trainer does, plus ``weighting_state.json`` (the strategy's state, JSON)."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            path = os.path.join(output_dir or self.args.output_dir, WEIGHTING_STATE_NAME)
+            state = {
+                "task_names": self.task_names,
+                "weighting": self.args.weighting,
+                "step_weights": self.step_weights.tolist(),
+                "state": self.weighting.state_dict(),
+            }
+            with open(path, "w") as f:
+                json.dump(state, f, indent=1)
+
+    def load_weighting_state(self, checkpoint_dir: str) -> None:
+        """Restore the strategy's state from a checkpoint written by :meth:`save_model`."""
+        path = os.path.join(checkpoint_dir, WEIGHTING_STATE_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is missing: {checkpoint_dir} was not written by MinimaxTrainer")
+        with open(path) as f:
+            state = json.load(f)
+        if state["task_names"] != self.task_names:
+            raise ValueError(f"checkpoint tasks {state['task_names']} differ from task_names {self.task_names}")
+        self.weighting.load_state_dict(state["state"])
+        self.step_weights = torch.tensor(state["step_weights"])
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial=None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ):
+        """``Trainer.train``; when resuming, the weighting state is restored from the checkpoint first."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if isinstance(checkpoint, str):
+            self.load_weighting_state(checkpoint)
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+
+class _LearnableWeightsCallback(TrainerCallback):
+    """Averages the gradients of learnable weighting parameters over processes and clears them after each step."""
+
+    def __init__(self, trainer: MinimaxTrainer) -> None:
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        for param in self.trainer.weighting.parameters():
+            if param.grad is not None and self.trainer.accelerator.num_processes > 1:
+                param.grad = self.trainer.accelerator.reduce(param.grad, reduction="mean")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        for param in self.trainer.weighting.parameters():
+            param.grad = None
+
+
+def last_encoder_layer(model: torch.nn.Module) -> str:
+    """Dotted name of the last block of the longest ``...layer.N`` / ``layers.N`` / ``h.N`` / ``block.N`` stack."""
+    stacks: dict[str, int] = {}
+    for name, _ in model.named_modules():
+        match = re.fullmatch(r"(.*\.(?:layer|layers|h|block|blocks))\.(\d+)", name)
+        if match:
+            stacks[match.group(1)] = max(stacks.get(match.group(1), -1), int(match.group(2)))
+    if not stacks:
+        raise ValueError("gradnorm_shared_module: no encoder layer stack found; name the shared module explicitly")
+    prefix = max(stacks, key=lambda k: stacks[k])
+    return f"{prefix}.{stacks[prefix]}"
