@@ -88,9 +88,7 @@ def sentence_features(words: Sequence[str], i: int, prev: str, prev2: str) -> li
     return features
 
 
-def train_perceptron(
-    sentences: Sequence[tuple[Sequence[str], Sequence[str]]], n_iter: int = 5, seed: int = 0
-) -> dict:
+def train_perceptron(sentences: Sequence[tuple[Sequence[str], Sequence[str]]], n_iter: int = 5, seed: int = 0) -> dict:
     """Train NLTK's ``AveragedPerceptron`` on ``(words, tags)`` sentences; return the JSON-ready model dict.
 
     Training order is shuffled with ``random.Random(seed)`` after each pass, so a seed fixes the result.
@@ -183,8 +181,11 @@ class VectorizedPerceptron:
         n_classes = len(self.classes)
         self._feature_row = {name: row for row, name in enumerate(model["features"])}
         weights = np.zeros((len(model["features"]), n_classes))
-        np.add.at(weights, (np.asarray(model["rows"], dtype=np.int64), np.asarray(model["cols"], dtype=np.int64)),
-                  np.asarray(model["values"], dtype=np.float64))
+        np.add.at(
+            weights,
+            (np.asarray(model["rows"], dtype=np.int64), np.asarray(model["cols"], dtype=np.int64)),
+            np.asarray(model["values"], dtype=np.float64),
+        )
         self._weights = weights
         class_index = {name: k for k, name in enumerate(self.classes)}
         self._tagdict = {word: class_index[tag] for word, tag in model["tagdict"].items()}
@@ -203,7 +204,7 @@ class VectorizedPerceptron:
         state_index = {name: k for k, name in enumerate(states)}
         for feature, row in self._feature_row.items():
             if feature.startswith("i-1 tag+i word "):
-                state, norm = feature[len("i-1 tag+i word "):].split(" ", 1)
+                state, norm = feature[len("i-1 tag+i word ") :].split(" ", 1)
                 norm_id = self._norm_id.setdefault(norm, len(self._norm_id))
                 keys.append((state_index[state], norm_id))
                 key_rows.append(row)
@@ -212,8 +213,11 @@ class VectorizedPerceptron:
         order = np.argsort(flat_keys)
         self._n_norm = n_norm
         self._pair_word_keys = np.append(flat_keys[order], np.iinfo(np.int64).max)
-        self._pair_word_weights = np.vstack([weights[np.asarray(key_rows, dtype=np.int64)[order]],
-                                             np.zeros((1, n_classes))]) if keys else np.zeros((1, n_classes))
+        self._pair_word_weights = (
+            np.vstack([weights[np.asarray(key_rows, dtype=np.int64)[order]], np.zeros((1, n_classes))])
+            if keys
+            else np.zeros((1, n_classes))
+        )
         # Per word type: contribution at each offset, tag-dictionary class (-1 if none), normalised-word id (-1).
         self._type_id: dict[str, int] = {}
         self._type_offset_scores: list[np.ndarray] = []

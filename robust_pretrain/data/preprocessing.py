@@ -46,8 +46,9 @@ def align_tokens_to_words(
 class _TokenizeAndTag:
     """Batched ``datasets.map`` function (picklable: tokenizer, tagger and spec are sent to workers)."""
 
-    def __init__(self, tokenizer: Any, spec: TaskSpec, tagger: Tagger, text_column: str, max_length: int,
-                 pack: bool) -> None:
+    def __init__(
+        self, tokenizer: Any, spec: TaskSpec, tagger: Tagger, text_column: str, max_length: int, pack: bool
+    ) -> None:
         self.tokenizer = tokenizer
         self.tag_to_task = spec.tag_to_task
         self.tagger = tagger
@@ -59,7 +60,7 @@ class _TokenizeAndTag:
         first = mask.index(0)
         last = len(mask) - 1 - mask[::-1].index(0)
         self.prefix_ids = probe["input_ids"][:first]
-        self.suffix_ids = probe["input_ids"][last + 1:]
+        self.suffix_ids = probe["input_ids"][last + 1 :]
         self.block_size = max_length - len(self.prefix_ids) - len(self.suffix_ids)
         if self.block_size < 1:
             raise ValueError(f"max_seq_length={max_length} leaves no room next to the tokenizer's special tokens")
@@ -114,12 +115,14 @@ class _TokenizeAndTag:
         blocks = []
         for start in range(0, len(ids), self.block_size):
             stop = start + self.block_size
-            blocks.append((
-                self.prefix_ids + ids[start:stop] + self.suffix_ids,
-                [1] * n_prefix + [0] * len(ids[start:stop]) + [1] * n_suffix,
-                [-1] * n_prefix + words[start:stop] + [-1] * n_suffix,
-                [-1] * n_prefix + tasks[start:stop] + [-1] * n_suffix,
-            ))
+            blocks.append(
+                (
+                    self.prefix_ids + ids[start:stop] + self.suffix_ids,
+                    [1] * n_prefix + [0] * len(ids[start:stop]) + [1] * n_suffix,
+                    [-1] * n_prefix + words[start:stop] + [-1] * n_suffix,
+                    [-1] * n_prefix + tasks[start:stop] + [-1] * n_suffix,
+                )
+            )
         return blocks
 
 
@@ -176,12 +179,22 @@ def tokenize_and_tag(
     function = _TokenizeAndTag(tokenizer, spec, tagger, text_column, max_seq_length, pack)
     remove_columns = column_names if column_names is not None else [text_column]
     if isinstance(dataset, IterableDataset):
-        return dataset.map(function, batched=True, batch_size=batch_size, remove_columns=remove_columns,
-                           features=FEATURES)
-    fingerprint = Hasher.hash([
-        _TRANSFORM_VERSION, dataset._fingerprint, _tokenizer_fingerprint(tokenizer), spec.to_dict(),
-        tagger.fingerprint, text_column, max_seq_length, pack, batch_size,
-    ])
+        return dataset.map(
+            function, batched=True, batch_size=batch_size, remove_columns=remove_columns, features=FEATURES
+        )
+    fingerprint = Hasher.hash(
+        [
+            _TRANSFORM_VERSION,
+            dataset._fingerprint,
+            _tokenizer_fingerprint(tokenizer),
+            spec.to_dict(),
+            tagger.fingerprint,
+            text_column,
+            max_seq_length,
+            pack,
+            batch_size,
+        ]
+    )
     return dataset.map(
         function,
         batched=True,

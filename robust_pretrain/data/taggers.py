@@ -24,7 +24,7 @@ _PENN_TO_UPOS_OVERRIDES = {"NNP": "PROPN", "NNPS": "PROPN", "MD": "AUX", "UH": "
 _UNIVERSAL_TO_UPOS = {"CONJ": "CCONJ", "PRT": "PART", ".": "PUNCT"}
 _NLTK_DOWNLOAD_HINT = (
     "the 'nltk' tagger backend needs NLTK's English perceptron tagger and the universal tagset map; install them "
-    'with `python -c "import nltk; nltk.download(\'averaged_perceptron_tagger_eng\'); '
+    "with `python -c \"import nltk; nltk.download('averaged_perceptron_tagger_eng'); "
     "nltk.download('universal_tagset')\"` or point NLTK_DATA at a directory holding them"
 )
 

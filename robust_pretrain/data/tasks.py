@@ -78,7 +78,9 @@ class TaskSpec:
         with open(path, encoding="utf-8") as handle:
             groups = yaml.safe_load(handle)
         if not isinstance(groups, Mapping):
-            raise ValueError(f"{path}: expected a mapping of task name -> list of UPOS tags, got {type(groups).__name__}")
+            raise ValueError(
+                f"{path}: expected a mapping of task name -> list of UPOS tags, got {type(groups).__name__}"
+            )
         return cls(groups)
 
     @classmethod
