@@ -138,6 +138,10 @@ class LocalHubServer:
         return f"http://{host}:{port}"
 
     @property
+    def running(self) -> bool:
+        return self._httpd is not None
+
+    @property
     def request_count(self) -> int:
         return len(self.requests)
 
