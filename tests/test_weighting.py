@@ -1,0 +1,223 @@
+"""Each strategy against a hand-computed step, the simplex projection, state round trips and validation."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from robust_pretrain.weighting import WEIGHTINGS, build_weighting, project_to_simplex
+
+ALL = torch.ones(3, dtype=torch.bool)
+
+
+def weights_of(name: str, losses, present=ALL, **options) -> torch.Tensor:
+    return build_weighting(name, len(losses), **options).weights(torch.tensor(losses), present)
+
+
+def test_average_is_uniform_over_present_tasks():
+    w = weights_of("average", [1.0, 5.0, 2.0], torch.tensor([True, False, True]))
+    assert torch.allclose(w, torch.tensor([0.5, 0.0, 0.5]))
+
+
+def test_minimax_is_softmax_of_alpha_times_losses():
+    w = weights_of("minimax", [1.0, 2.0, 4.0], alpha=0.5)
+    e = [math.exp(0.5), math.exp(1.0), math.exp(2.0)]
+    assert torch.allclose(w, torch.tensor([x / sum(e) for x in e]), atol=1e-7)
+
+
+def test_minimax_sqrt_schedule_floor_and_absent_tasks():
+    strategy = build_weighting("minimax", 3, alpha=1.0, alpha_schedule="sqrt", weight_floor=0.2)
+    present = torch.tensor([True, True, False])
+    strategy.weights(torch.tensor([1.0, 1.0, 9.0]), present)  # step 0, alpha_0 = 1
+    w = strategy.weights(torch.tensor([1.0, 2.0, 9.0]), present)  # step 1: alpha = sqrt(2)
+    a = math.sqrt(2)
+    soft = [1 / (1 + math.exp(a)), math.exp(a) / (1 + math.exp(a))]
+    expected = [0.8 * soft[0] + 0.1, 0.8 * soft[1] + 0.1, 0.0]
+    assert torch.allclose(w, torch.tensor(expected), atol=1e-6)
+
+
+def test_minimax_ema_of_estimates():
+    strategy = build_weighting("minimax", 2, loss_ema=0.75)
+    strategy.weights(torch.tensor([4.0, 0.0]), torch.tensor([True, True]))
+    strategy.weights(torch.tensor([0.0, 4.0]), torch.tensor([True, True]))
+    # est_0 = 0.75*4 + 0.25*0 = 3, est_1 = 0.75*0 + 0.25*4 = 1
+    assert strategy.estimates.tolist() == [3.0, 1.0]
+
+
+def test_absent_task_keeps_its_estimate_and_gets_no_weight():
+    strategy = build_weighting("minimax", 3)
+    strategy.weights(torch.tensor([1.0, 2.0, 3.0]), ALL)
+    w = strategy.weights(torch.tensor([5.0, 6.0, math.nan]), torch.tensor([True, True, False]))
+    assert w[2] == 0 and strategy.estimates[2] == 3.0
+    assert torch.isclose(w.sum(), torch.tensor(1.0))
+
+
+def test_present_but_unobserved_task_uses_last_or_largest_estimate():
+    strategy = build_weighting("hardmax", 3)
+    observed = torch.tensor([True, True, False])
+    w = strategy.weights(torch.tensor([1.0, 2.0, math.nan]), ALL, observed)
+    # never seen: assumed as hard as the hardest seen task -> tie with task 1
+    assert torch.allclose(w, torch.tensor([0.0, 0.5, 0.5]))
+
+
+def test_hardmax_splits_ties_evenly():
+    w = weights_of("hardmax", [3.0, 1.0, 3.0])
+    assert torch.allclose(w, torch.tensor([0.5, 0.0, 0.5]))
+
+
+def test_group_dro_multiplicative_update():
+    strategy = build_weighting("group_dro", 3, dro_step_size=0.5, dro_smoothing=0.1)
+    strategy.weights(torch.tensor([1.0, 2.0, 0.0]), ALL)
+    w = strategy.weights(torch.tensor([1.0, 0.0, 2.0]), ALL)
+    # q proportional to exp(0.5 * cumulative loss) = exp([1, 1, 1]) -> uniform
+    assert torch.allclose(w, torch.full((3,), 1 / 3), atol=1e-6)
+    w = strategy.weights(torch.tensor([2.0, 0.0, 0.0]), ALL)
+    q = torch.tensor([math.exp(2.0), math.exp(1.0), math.exp(1.0)])
+    assert torch.allclose(w, 0.9 * q / q.sum() + 0.1 / 3, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("v", "expected"),
+    [
+        ([0.5, 0.3, 0.2], [0.5, 0.3, 0.2]),  # already on the simplex
+        ([1.0, 1.0, 1.0], [1 / 3, 1 / 3, 1 / 3]),  # shift by 2/3
+        ([2.0, 0.0, 0.0], [1.0, 0.0, 0.0]),
+        ([0.6, 0.6, -1.0], [0.5, 0.5, 0.0]),
+        ([0.9, 0.4, 0.1], [0.75, 0.25, 0.0]),  # theta = 0.15, third coordinate clipped
+    ],
+)
+def test_simplex_projection_on_known_vectors(v, expected):
+    assert torch.allclose(project_to_simplex(torch.tensor(v)), torch.tensor(expected), atol=1e-6)
+
+
+def test_simplex_projection_is_the_closest_point():
+    torch.manual_seed(0)
+    for _ in range(20):
+        v = torch.randn(5) * 2
+        p = project_to_simplex(v)
+        assert p.min() >= 0 and abs(p.sum() - 1) < 1e-5
+        for _ in range(50):
+            q = torch.distributions.Dirichlet(torch.ones(5)).sample()
+            assert (v - p).norm() <= (v - q).norm() + 1e-6
+
+
+def test_morbit_projected_ascent_step():
+    strategy = build_weighting("morbit", 3, morbit_step_size=0.5)
+    w = strategy.weights(torch.tensor([1.0, 0.0, 0.0]), ALL)
+    # lambda = proj([1/3 + 0.5, 1/3, 1/3]) = [1/3+0.5, 1/3, 1/3] - 1/6
+    assert torch.allclose(w, torch.tensor([2 / 3, 1 / 6, 1 / 6]), atol=1e-6)
+    w = strategy.weights(torch.tensor([2.0, 0.0, 0.0]), ALL)
+    assert torch.allclose(w, torch.tensor([1.0, 0.0, 0.0]), atol=1e-6)
+
+
+def test_dwa_ratio_formula_over_windows():
+    strategy = build_weighting("dwa", 2, dwa_window=2, dwa_temperature=2.0)
+    both = torch.tensor([True, True])
+    for losses in ([4.0, 2.0], [4.0, 2.0], [2.0, 2.0], [2.0, 2.0]):  # windows 0 and 1: uniform
+        assert torch.allclose(strategy.weights(torch.tensor(losses), both), torch.tensor([0.5, 0.5]))
+    w = strategy.weights(torch.tensor([1.0, 1.0]), both)  # window 2: r = [2/4, 2/2]
+    e = [math.exp(0.5 / 2), math.exp(1.0 / 2)]
+    assert torch.allclose(w, torch.tensor([e[0] / sum(e), e[1] / sum(e)]), atol=1e-6)
+
+
+def test_uncertainty_weights_and_regularizer_gradient():
+    strategy = build_weighting("uncertainty", 2)
+    with torch.no_grad():
+        strategy.log_vars.copy_(torch.tensor([0.0, math.log(2.0)]))
+    present = torch.tensor([True, True])
+    w = strategy.differentiable_weights(strategy.weights(torch.tensor([1.0, 1.0]), present), present)
+    assert torch.allclose(w, torch.tensor([0.5, 0.25]))
+    losses = torch.tensor([3.0, 2.0])
+    ((w * losses).sum() + strategy.regularizer(present)).backward()
+    # d/ds (0.5 e^{-s} L + 0.5 s) = -0.5 e^{-s} L + 0.5
+    assert torch.allclose(strategy.log_vars.grad, torch.tensor([-1.5 + 0.5, -0.5 + 0.5]))
+
+
+def test_gradnorm_targets_and_weight_gradient():
+    strategy = build_weighting("gradnorm", 2, gradnorm_alpha=1.0)
+    both = torch.tensor([True, True])
+    strategy.weights(torch.tensor([2.0, 4.0]), both, grad_norms=torch.tensor([1.0, 1.0]))
+    strategy.task_weights.grad = None
+    w = strategy.weights(torch.tensor([1.0, 4.0]), both, grad_norms=torch.tensor([1.0, 3.0]))
+    # Ltilde = [0.5, 1.0], r = [2/3, 4/3]; G = w*g = [1, 3], Gbar = 2 -> targets [4/3, 8/3]
+    assert torch.allclose(strategy.last_target_norms, torch.tensor([4 / 3, 8 / 3]))
+    # dL/dw = sign(G - target) * g = [-1, +3]
+    assert torch.allclose(strategy.task_weights.grad, torch.tensor([-1.0, 3.0]))
+    assert torch.allclose(w, torch.tensor([0.5, 0.5]))
+
+
+def test_gradnorm_renormalises_weights_to_sum_T():
+    strategy = build_weighting("gradnorm", 2)
+    with torch.no_grad():
+        strategy.task_weights.copy_(torch.tensor([3.0, 1.0]))
+    w = strategy.weights(torch.tensor([1.0, 1.0]), torch.tensor([True, True]), grad_norms=torch.ones(2))
+    assert torch.allclose(strategy.task_weights.detach(), torch.tensor([1.5, 0.5]))
+    assert torch.allclose(w, torch.tensor([0.75, 0.25]))
+
+
+def test_relative_and_excess_normalisation():
+    rel = build_weighting("hardmax", 2, loss_normalization="relative")
+    rel.weights(torch.tensor([10.0, 1.0]), torch.tensor([True, True]))
+    # relative losses [0.5, 0.9]: the small-loss task is now the worst
+    assert rel.weights(torch.tensor([5.0, 0.9]), torch.tensor([True, True])).tolist() == [0.0, 1.0]
+    exc = build_weighting("hardmax", 2, loss_normalization="excess", reference_losses=[9.0, 0.0])
+    assert exc.weights(torch.tensor([10.0, 2.0]), torch.tensor([True, True])).tolist() == [0.0, 1.0]
+
+
+def test_gradient_identity_softmax_weights_equal_logsumexp_gradient():
+    torch.manual_seed(0)
+    theta = torch.randn(4, requires_grad=True)
+    targets = torch.randn(5, 4)
+    alpha = 1.7
+
+    def task_losses():
+        return ((theta - targets) ** 2).sum(dim=1) * torch.arange(1, 6)
+
+    strategy = build_weighting("minimax", 5, alpha=alpha)
+    losses = task_losses()
+    w = strategy.weights(losses.detach(), torch.ones(5, dtype=torch.bool))
+    (grad_weighted,) = torch.autograd.grad((w * losses).sum(), theta)
+    (grad_smooth_max,) = torch.autograd.grad(torch.logsumexp(alpha * task_losses(), 0) / alpha, theta)
+    assert torch.allclose(grad_weighted, grad_smooth_max, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTINGS))
+def test_state_round_trips_through_json(name):
+    torch.manual_seed(1)
+    a, b = build_weighting(name, 4), build_weighting(name, 4)
+    present = torch.tensor([True, True, False, True])
+    extra = {"grad_norms": torch.rand(4)} if a.needs_grad_norms else {}
+    for _ in range(5):
+        a.weights(torch.rand(4) * 3, present, **extra)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict(), allow_nan=False)))
+    losses = torch.rand(4)
+    assert torch.equal(a.weights(losses, present, **extra), b.weights(losses, present, **extra))
+    assert a.state_dict() == b.state_dict()
+
+
+def test_no_present_task_gives_zero_weights():
+    for name in WEIGHTINGS:
+        strategy = build_weighting(name, 2)
+        extra = {"grad_norms": torch.zeros(2)} if strategy.needs_grad_norms else {}
+        w = strategy.weights(torch.full((2,), math.nan), torch.zeros(2, dtype=torch.bool), **extra)
+        assert torch.equal(w.detach(), torch.zeros(2)), name
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("minimax", {"alpha": 0.0}, "alpha must be > 0"),
+        ("minimax", {"alpha_schedule": "linear"}, "alpha_schedule"),
+        ("minimax", {"weight_floor": 1.0}, "weight_floor"),
+        ("minimax", {"loss_normalization": "excess"}, "reference_losses"),
+        ("minimax", {"dro_step_size": 0.1}, "does not take"),
+        ("average", {"loss_normalization": "relative"}, "not loss-driven"),
+        ("group_dro", {"dro_smoothing": 1.5}, "dro_smoothing"),
+        ("dwa", {"dwa_window": 0}, "dwa_window"),
+        ("nope", {}, "unknown weighting"),
+    ],
+)
+def test_invalid_options_fail_with_the_option_named(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        build_weighting(name, 3, **options)
