@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -306,6 +307,15 @@ def test_server_stops_by_itself() -> None:
         while hub.running and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not hub.running
+
+    with LocalHubServer() as hub:
+        connection = http.client.HTTPConnection("127.0.0.1", int(hub.endpoint.rsplit(":", 1)[1]), timeout=5)
+        connection.request("GET", "/api/whoami-v2", headers={"Authorization": f"Bearer {DEFAULT_TOKEN}"})
+        assert json.loads(connection.getresponse().read())["name"] == DEFAULT_USER
+        hub.stop()
+        with pytest.raises((http.client.HTTPException, OSError)):  # the kept-alive connection is closed too
+            connection.request("GET", "/api/whoami-v2", headers={"Authorization": f"Bearer {DEFAULT_TOKEN}"})
+            connection.getresponse()
 
     with LocalHubServer(lifetime=0.2) as hub:
         endpoint = hub.endpoint

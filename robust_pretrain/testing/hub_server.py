@@ -22,11 +22,12 @@ import hashlib
 import json
 import os
 import re
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -126,6 +127,7 @@ class LocalHubServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._timer: threading.Timer | None = None
         self._nonce = uuid.uuid4().hex
+        self._connections: set[socket.socket] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -166,6 +168,11 @@ class LocalHubServer:
         if httpd is not None:
             httpd.shutdown()
             httpd.server_close()
+        with self._lock:
+            connections, self._connections = self._connections, set()
+        for connection in connections:  # also end kept-alive connections, so that nothing is answered any more
+            with suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> LocalHubServer:
         return self.start()
@@ -235,6 +242,16 @@ class _Handler(BaseHTTPRequestHandler):
     hub: LocalHubServer
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle keep-alive connections are closed after this many seconds
+
+    def setup(self) -> None:
+        super().setup()
+        with self.hub._lock:
+            self.hub._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.hub._lock:
+            self.hub._connections.discard(self.connection)
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the default per-request logging to stderr."""
