@@ -184,11 +184,12 @@ def run_finetune(
     data_args: GlueDataArguments,
     lora_args: LoraArguments,
     training_args: GlueTrainingArguments,
+    save_model: bool = True,
 ) -> dict[str, float]:
     """Fine-tune and/or evaluate; returns the eval metrics (MNLI mismatched keys end in ``_mm``).
 
-    Writes ``train_results.json``, ``eval_results.json``, ``all_results.json`` and the final model (full weights,
-    or the peft adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``.
+    Writes ``train_results.json``, ``eval_results.json``, ``all_results.json`` and (if ``save_model``) the final
+    model (full weights, or the peft adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``.
     """
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
@@ -218,7 +219,8 @@ def run_finetune(
     )
     if training_args.do_train:
         train_result = trainer.train()
-        trainer.save_model()
+        if save_model:
+            trainer.save_model()
         train_metrics = {**train_result.metrics, "train_samples": len(trainer.train_dataset)}
         trainer.log_metrics("train", train_metrics)
         trainer.save_metrics("train", train_metrics)
