@@ -323,3 +323,19 @@ def test_server_stops_by_itself() -> None:
         assert not hub.running
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"{endpoint}/api/whoami-v2", timeout=5)
+
+
+def test_use_local_hub_sets_and_restores_client_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_TOKEN", "hf_developer_token_must_not_leak")
+    before = (constants.ENDPOINT, constants.HF_HUB_OFFLINE, dict(os.environ))
+    with LocalHubServer() as hub, use_local_hub(hub.endpoint, token=DEFAULT_TOKEN):
+        assert HfApi().whoami()["name"] == DEFAULT_USER  # implicit token = the one given to use_local_hub
+        assert (constants.ENDPOINT, constants.HF_HUB_OFFLINE, os.environ["HF_ENDPOINT"]) == (
+            hub.endpoint,
+            False,
+            hub.endpoint,
+        )
+    assert (constants.ENDPOINT, constants.HF_HUB_OFFLINE, dict(os.environ)) == before
+    assert constants.HF_HUB_OFFLINE  # tests/conftest.py keeps every other test offline

@@ -577,43 +577,49 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def use_local_hub(endpoint: str) -> Iterator[None]:
+def use_local_hub(endpoint: str, *, token: str | None = None) -> Iterator[None]:
     """Point the in-process ``huggingface_hub`` / ``transformers`` clients at ``endpoint``, online; undo on exit.
 
     ``huggingface_hub`` reads ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` once, at import, and ``transformers`` keeps a
     shared ``HfApi`` bound to the endpoint of its creation time, so setting environment variables is not enough
-    in-process. This patches those cached values and also sets the environment variables (for subprocesses).
+    in-process: this patches those cached values, and also sets the environment variables for subprocesses.
+    ``HF_TOKEN`` is set to ``token``, or unset if ``None``, so that a real token is never sent to a test server.
     """
     from huggingface_hub import constants, hf_api
+    from transformers.utils import hub as transformers_hub
 
     endpoint = endpoint.rstrip("/")
-    host = urlsplit(endpoint).hostname or ""
     patches: list[tuple[Any, str, Any]] = [
         (constants, "ENDPOINT", endpoint),
         (constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}"),
-        (constants, "HF_URL_HOSTS", constants.HF_URL_HOSTS | {host}),
+        (constants, "HF_URL_HOSTS", constants.HF_URL_HOSTS | {urlsplit(endpoint).hostname or ""}),
         (constants, "HF_HUB_OFFLINE", False),
-        (hf_api.api, "endpoint", endpoint),
+        (hf_api.api, "endpoint", endpoint),  # bound methods exported as `huggingface_hub.create_repo` etc.
+        (transformers_hub, "_hf_api", None),  # recreated lazily with the patched endpoint
     ]
-    try:
-        from transformers.utils import hub as transformers_hub
-    except ImportError:
-        transformers_hub = None
-    if transformers_hub is not None:
-        patches.append((transformers_hub, "_hf_api", None))  # recreated lazily with the patched endpoint
-    env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
+    env = {
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_OFFLINE": "0",
+        "TRANSFORMERS_OFFLINE": "0",
+        "HF_TOKEN": token,
+        "HUGGING_FACE_HUB_TOKEN": None,
+    }
     saved_attrs = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     saved_env = {key: os.environ.get(key) for key in env}
     try:
         for obj, name, value in patches:
             setattr(obj, name, value)
-        os.environ.update(env)
+        _set_env(env)
         yield
     finally:
         for obj, name, value in saved_attrs:
             setattr(obj, name, value)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_env(saved_env)
+
+
+def _set_env(values: Mapping[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
