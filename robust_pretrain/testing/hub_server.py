@@ -40,7 +40,6 @@ INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 _URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
-_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n"
 
 
@@ -162,7 +161,8 @@ class LocalHubServer:
 
     def stop(self) -> None:
         """Stop serving and release the port (idempotent, callable from any thread)."""
-        httpd, self._httpd = self._httpd, None
+        with self._lock:
+            httpd, self._httpd = self._httpd, None
         if self._timer is not None:
             self._timer.cancel()
         if httpd is not None:
@@ -187,13 +187,13 @@ class LocalHubServer:
     def files(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> dict[str, bytes]:
         """Contents of every file of ``repo_id`` at ``revision``."""
         with self._lock:
-            commit = self._get_repo(repo_type, repo_id).resolve(revision)
+            commit = self._repos[(repo_type, repo_id)].resolve(revision)
             return {path: self._blobs[oid] for path, oid in commit.files.items()}
 
     def commit_titles(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> list[str]:
         """Commit titles of ``revision``, oldest first (the first one is the repo creation commit)."""
         with self._lock:
-            return [c.title for c in reversed(self._history(self._get_repo(repo_type, repo_id), revision))]
+            return [c.title for c in reversed(self._history(self._repos[(repo_type, repo_id)], revision))]
 
     # ------------------------------------------------------------------ state (callers hold self._lock)
 
@@ -273,16 +273,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.query = parse_qs(url.query)
         self.segments = [unquote(s) for s in url.path.strip("/").split("/")] if url.path.strip("/") else []
         if hub.request_count >= hub.max_requests:
-            self._send_error(_HttpError(503, "LocalHubServer request budget exhausted; stopping"), method)
+            self.close_connection = True
+            self._send_error(_HttpError(503, "LocalHubServer request budget exhausted; stopping"))
             threading.Thread(target=hub.stop, daemon=True).start()
             return
         try:
             body = self._read_body()
             self._route(method, body)
         except _HttpError as err:
-            self._send_error(err, method)
+            self._send_error(err)
+        except (ValueError, KeyError) as err:  # malformed JSON / NDJSON / base64 payloads
+            self._send_error(_HttpError(400, f"Malformed request: {err!r}"))
         except Exception as err:  # report server bugs to the client instead of hanging it
-            self._send_error(_HttpError(500, f"LocalHubServer internal error: {err!r}"), method)
+            self._send_error(_HttpError(500, f"LocalHubServer internal error: {err!r}"))
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", ""):
@@ -294,40 +297,45 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(413, f"request body larger than {self.hub.max_body_bytes} bytes")
         return self.rfile.read(length) if length else b""
 
-    def _send(self, status: int, body: bytes, headers: Mapping[str, str], method: str) -> None:
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        """Answer with ``body`` (omitted for HEAD; ``Content-Length`` may be overridden, e.g. for ranges)."""
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
         self.send_header("Content-Length", headers.get("Content-Length", str(len(body))))
         self.end_headers()
-        if method != "HEAD":
+        if self.command != "HEAD":
             self.wfile.write(body)
-        self.hub.requests.append((method, self.path, status))
+        self.hub.requests.append((self.command, self.path, status))
 
-    def _send_json(self, data: Any, method: str = "GET", status: int = 200) -> None:
-        self._send(status, json.dumps(data).encode(), {"Content-Type": "application/json"}, method)
+    def _send_json(self, data: Any) -> None:
+        self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json"})
 
-    def _send_error(self, err: _HttpError, method: str) -> None:
-        headers = {"Content-Type": "application/json", "X-Error-Message": err.message, **err.headers}
+    def _send_error(self, err: _HttpError) -> None:
+        message = err.message.encode("ascii", "replace").decode()  # header values must be latin-1
+        headers = {"Content-Type": "application/json", "X-Error-Message": message, **err.headers}
         if err.code:
             headers["X-Error-Code"] = err.code
-        self._send(err.status, json.dumps({"error": err.message, **err.body}).encode(), headers, method)
+        self._send(err.status, json.dumps({"error": err.message, **err.body}).encode(), headers)
 
-    def _user(self, *, required: bool = False) -> str | None:
+    def _user(self) -> str | None:
         """User of the bearer token; an unknown token is refused with 401 even on public resources, like the Hub."""
         auth = self.headers.get("Authorization", "")
-        if auth:
-            token = auth.removeprefix("Bearer ").strip()
-            if token not in self.hub.tokens:
-                raise _HttpError(401, INVALID_CREDENTIALS)
-            return self.hub.tokens[token]
-        if required:
+        if not auth:
+            return None
+        token = auth.removeprefix("Bearer ").strip()
+        if token not in self.hub.tokens:
+            raise _HttpError(401, INVALID_CREDENTIALS)
+        return self.hub.tokens[token]
+
+    def _require_user(self) -> str:
+        user = self._user()
+        if user is None:
             raise _HttpError(401, "You must be authenticated to access this resource")
-        return None
+        return user
 
     def _writer(self, repo_type: str, repo_id: str) -> tuple[str, _Repo]:
-        user = self._user(required=True)
-        assert user is not None
+        user = self._require_user()
         repo = self.hub._get_repo(repo_type, repo_id, user)
         if repo.owner != user:
             raise _HttpError(403, f"You don't have the rights to write to {repo_id}")
@@ -343,7 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
             if s == ["api", "repos", "create"] and method == "POST":
                 return self._create_repo(json.loads(body or b"{}"))
             if s == ["api", "validate-yaml"] and method == "POST":
-                return self._send_json({"errors": [], "warnings": []}, method)
+                return self._send_json({"errors": [], "warnings": []})
             if len(s) >= 4 and s[1] in _REPO_TYPES:
                 return self._repo_api(method, _REPO_TYPES[s[1]], f"{s[2]}/{s[3]}", s[4:], body)
         elif method in ("GET", "HEAD"):
@@ -373,7 +381,7 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ endpoints
 
     def _whoami(self) -> None:
-        user = self._user(required=True)
+        user = self._require_user()
         self._send_json(
             {
                 "type": "user",
@@ -386,8 +394,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _create_repo(self, payload: dict[str, Any]) -> None:
-        user = self._user(required=True)
-        assert user is not None
+        user = self._require_user()
         namespace = payload.get("organization") or user
         repo_type = payload.get("type") or "model"
         if repo_type not in _URL_PREFIX:
@@ -573,7 +580,7 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(content)}"
         headers["Content-Length"] = str(end - start)
-        self._send(status, content[start:end], headers, method)
+        self._send(status, content[start:end], headers)
 
 
 @contextmanager
