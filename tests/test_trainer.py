@@ -1,0 +1,326 @@
+"""MinimaxTrainer: exactness (DDP, accumulation), weights rule, edge cases, logging, evaluation, resume."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
+from transformers import BertConfig, BertForSequenceClassification, TrainerCallback
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.weighting import Weighting
+
+SCRIPT = Path(__file__).with_name("tiny_training.py")
+
+
+def make_args(tmp_path, **overrides) -> MinimaxTrainingArguments:
+    options = dict(
+        output_dir=str(tmp_path / "out"), task_names=TASKS, per_device_train_batch_size=8, max_steps=1,
+        learning_rate=1e-3, max_grad_norm=0.0, report_to=[], use_cpu=True, seed=7, disable_tqdm=True,
+        save_strategy="no", logging_steps=1,
+    )
+    options.update(overrides)
+    return MinimaxTrainingArguments(**options)
+
+
+class FixedWeighting(Weighting):
+    """Returns the same non-uniform weights every step (to compare gradients given the same weights)."""
+
+    loss_driven = False
+
+    def _weights(self, losses, present):
+        return torch.tensor([0.5, 0.3, 0.2]) * present
+
+
+class GradRecorder(TrainerCallback):
+    def __init__(self):
+        self.trainer = None
+        self.grads = None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.grads is None:
+            self.grads = {n: p.grad.clone() for n, p in self.trainer.model.named_parameters() if p.grad is not None}
+
+
+def first_step_grads(tmp_path, weighting=None, **overrides):
+    trainer = MinimaxTrainer(
+        model=tiny_bert(), args=make_args(tmp_path, **overrides), train_dataset=as_dataset(masked_examples(8)),
+        weighting=weighting,
+    )
+    recorder = GradRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train()
+    return recorder.grads, trainer
+
+
+def max_relative_difference(a: dict, b: dict) -> float:
+    """``||a - b|| / ||a||`` over all gradients (per tensor it is meaningless where a gradient is ~0, e.g. key biases)."""
+    assert a.keys() == b.keys()
+    diff = torch.cat([(a[k] - b[k]).flatten() for k in a])
+    return float(diff.norm() / torch.cat([a[k].flatten() for k in a]).norm())
+
+
+def manual_objective(examples, weights) -> dict[str, torch.Tensor]:
+    """Gradient of sum_t w_t * mean_t computed by hand on the full batch, with the plain model."""
+    model = tiny_bert()
+    logits = model(input_ids=examples["input_ids"], attention_mask=examples["attention_mask"]).logits
+    mask = examples["labels"] != -100
+    ce = torch.nn.functional.cross_entropy(logits[mask], examples["labels"][mask], reduction="none")
+    ids = examples["task_ids"][mask]
+    loss = sum(weights[t] * ce[ids == t].mean() for t in range(len(TASKS)))
+    loss.backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradient_equals_weighted_sum_of_task_means(tmp_path):
+    grads, _ = first_step_grads(tmp_path, weighting=FixedWeighting(3))
+    expected = manual_objective(masked_examples(8), [0.5, 0.3, 0.2])
+    assert max_relative_difference(expected, grads) <= 1e-5
+
+
+def test_accumulation_matches_one_batch_of_the_union(tmp_path):
+    full, _ = first_step_grads(tmp_path / "a", weighting=FixedWeighting(3))
+    accumulated, _ = first_step_grads(
+        tmp_path / "b", weighting=FixedWeighting(3), per_device_train_batch_size=2, gradient_accumulation_steps=4
+    )
+    assert max_relative_difference(full, accumulated) <= 1e-5
+
+
+def test_sparse_mlm_head_matches_full_logits(tmp_path):
+    sparse, trainer = first_step_grads(tmp_path / "a")
+    assert trainer.mlm_head is not None
+    full, trainer = first_step_grads(tmp_path / "b", sparse_mlm_head=False)
+    assert trainer.mlm_head is None
+    assert max_relative_difference(full, sparse) <= 1e-5
+
+
+class FirstMicroBatchTrainer(MinimaxTrainer):
+    """Remembers the first micro-batch of the first optimizer step."""
+
+    first_micro_batch = None
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        samples, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.first_micro_batch is None:
+            self.first_micro_batch = samples[0]
+        return samples, num_items
+
+
+def test_weights_come_from_the_first_micro_batch(tmp_path):
+    """With accumulation, the step's weights are softmax(alpha * L) of the first micro-batch's task means."""
+    args = make_args(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, alpha=2.0)
+    trainer = FirstMicroBatchTrainer(model=tiny_bert(), args=args, train_dataset=as_dataset(masked_examples(8)))
+    trainer.train()
+    first = trainer.first_micro_batch
+    logits = tiny_bert()(input_ids=first["input_ids"]).logits
+    mask = first["labels"] != -100
+    ce = torch.nn.functional.cross_entropy(logits[mask], first["labels"][mask], reduction="none")
+    ids = first["task_ids"][mask]
+    assert set(ids.tolist()) == {0, 1, 2}
+    means = torch.stack([ce[ids == t].mean() for t in range(3)]).detach()
+    assert torch.allclose(trainer.step_weights, torch.softmax(2.0 * means, 0), atol=1e-6)
+
+
+def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    single, double = tmp_path / "single", tmp_path / "ddp"
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(single), "--batch_size", "8"], check=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+         str(SCRIPT), "--out", str(double), "--batch_size", "4"],
+        check=True, env=env,
+    )
+    reference = load_file(single / "grads-rank0.safetensors")
+    for rank in (0, 1):
+        assert max_relative_difference(reference, load_file(double / f"grads-rank{rank}.safetensors")) <= 1e-5
+    weights = [json.loads((double / f"weights-rank{r}.json").read_text()) for r in (0, 1)]
+    assert weights[0] == weights[1]
+    single_weights = json.loads((single / "weights-rank0.json").read_text())
+    assert torch.allclose(torch.tensor(weights[0]), torch.tensor(single_weights), atol=1e-6)
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+    common = ["--num_examples", "32", "--batch_size", "4", "--max_steps", "8", "--save_steps", "4",
+              "--dropout", "0.1", "--loss_ema", "0.5", "--grad_accum", "2"]
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(straight), *common], check=True, env=env)
+    crashed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(killed), *common, "--kill_after_save", "4"], env=env
+    )
+    assert crashed.returncode == -9
+    assert (killed / "checkpoint-4" / "weighting_state.json").is_file()
+    assert not (killed / "final").exists()
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(killed), *common, "--resume"], check=True, env=env)
+    a = load_file(straight / "final" / "model.safetensors")
+    b = load_file(killed / "final" / "model.safetensors")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
+    trajectory = json.loads((straight / "weights-rank0.json").read_text())
+    assert json.loads((killed / "weights-rank0.json").read_text()) == trajectory[4:]
+    state_a = json.loads((straight / "final" / "weighting_state.json").read_text())
+    state_b = json.loads((killed / "final" / "weighting_state.json").read_text())
+    assert state_a == state_b
+
+
+def one_step(trainer, batch):
+    """Run one optimizer step's loss computation by hand, the way the Trainer's loop calls the hooks."""
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([batch]), 1, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer.compute_loss(trainer.model, dict(samples[0]))
+
+
+def test_absent_task_gets_no_weight_and_keeps_its_estimate(tmp_path):
+    trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path))
+    batch = masked_examples(4)
+    one_step(trainer, batch)
+    estimate = trainer.weighting.estimates[2].item()
+    without = dict(batch, task_ids=torch.where(batch["task_ids"] == 2, -100, batch["task_ids"]))
+    loss = one_step(trainer, without)
+    assert trainer.step_weights[2] == 0 and trainer.weighting.estimates[2].item() == estimate
+    assert torch.isclose(trainer.step_weights.sum(), torch.tensor(1.0))
+    assert torch.isfinite(loss)
+
+
+def test_step_without_targets_contributes_zero_loss(tmp_path):
+    trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path))
+    batch = masked_examples(4)
+    empty = dict(batch, labels=torch.full_like(batch["labels"], -100), task_ids=torch.full_like(batch["labels"], -100))
+    loss = one_step(trainer, empty)
+    assert loss.item() == 0.0
+    loss.backward()
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    assert all(torch.isfinite(g).all() and not g.any() for g in grads)
+
+
+class PerPositionModel(torch.nn.Module):
+    """logits = W e(token): a token's logits depend only on that token (so a NaN stays in its position)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 8)
+        self.out = torch.nn.Linear(8, 64)
+
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": self.out(self.embed(input_ids))}
+
+
+def test_non_finite_task_loss_names_the_task_and_step(tmp_path):
+    model = PerPositionModel()
+    with torch.no_grad():
+        model.embed.weight[4] = math.nan  # token 4 is the mask token: every target turns NaN ...
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path))
+    batch = masked_examples(4)
+    batch["input_ids"] = torch.where(batch["task_ids"] == 1, 4, batch["labels"].clamp_min(5))  # ... of task 1 only
+    with pytest.raises(FloatingPointError, match=r"\['noun'\] at optimizer step 1"):
+        one_step(trainer, batch)
+
+
+def test_logs_and_evaluation_report_per_task_numbers(tmp_path):
+    examples = masked_examples(16)
+    trainer = MinimaxTrainer(
+        model=tiny_bert(), args=make_args(tmp_path, max_steps=2, per_device_train_batch_size=4),
+        train_dataset=as_dataset(examples), eval_dataset=as_dataset(examples),
+    )
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        assert {f"task_weight/{t}" for t in TASKS} | {f"task_loss/{t}" for t in TASKS} <= entry.keys()
+        assert sum(entry[f"task_weight/{t}"] for t in TASKS) == pytest.approx(1.0, abs=1e-5)
+    metrics = trainer.evaluate()
+    losses = [metrics[f"eval_task_loss/{t}"] for t in TASKS]
+    assert metrics["eval_worst_task_loss"] == pytest.approx(max(losses))
+    assert metrics["eval_mean_task_loss"] == pytest.approx(sum(losses) / 3)
+    # eval_loss is the plain mean over all targets: between the best and the worst task
+    assert min(losses) <= metrics["eval_loss"] <= max(losses)
+
+
+@pytest.mark.parametrize("strategy", ["uncertainty", "gradnorm"])
+def test_learnable_weightings_are_trained_by_the_optimizer(tmp_path, strategy):
+    trainer = MinimaxTrainer(
+        model=tiny_bert(), train_dataset=as_dataset(masked_examples(16)),
+        args=make_args(tmp_path, weighting=strategy, max_steps=3, per_device_train_batch_size=4,
+                       weighting_learning_rate=0.1),
+    )
+    (param,) = trainer.weighting.parameters()
+    before = param.detach().clone()
+    trainer.train()
+    assert any(param is p for group in trainer.optimizer.param_groups for p in group["params"])
+    assert not torch.equal(before, param.detach())
+    assert param.grad is None  # cleared after each optimizer step
+    if strategy == "gradnorm":
+        assert trainer.weighting.task_weights.sum().item() == pytest.approx(3.0, abs=0.3)
+
+
+def test_example_level_task_ids_for_sequence_classification(tmp_path):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=3, hidden_dropout_prob=0, attention_probs_dropout_prob=0)
+    model = BertForSequenceClassification(config)
+    batch = {"input_ids": torch.randint(5, 64, (6, 8)), "labels": torch.tensor([0, 1, 2, 0, 1, 2]),
+             "task_ids": torch.tensor([0, 0, 1, 1, 2, 2])}
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, weighting="average"))
+    loss = one_step(trainer, batch)
+    logits = model(input_ids=batch["input_ids"]).logits
+    ce = torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="none")
+    assert loss.item() == pytest.approx(ce.view(3, 2).mean(1).mean().item(), rel=1e-5)
+
+
+class DictLossModel(torch.nn.Module):
+    """Returns one loss per task, like a multi-modal MAE reconstructing each modality."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
+
+    def forward(self, x):
+        return {"task_losses": {name: (self.theta[i] * x).pow(2).mean() for i, name in enumerate(TASKS)}}
+
+
+def test_model_returning_a_dict_of_task_losses(tmp_path):
+    model = DictLossModel()
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, alpha=0.1))
+    loss = one_step(trainer, {"x": torch.ones(4)})
+    task_losses = torch.tensor([1.0, 4.0, 9.0])
+    expected = (torch.softmax(0.1 * task_losses, 0) * task_losses).sum()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_batch_without_task_ids_fails_clearly(tmp_path):
+    trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path))
+    batch = masked_examples(2)
+    del batch["task_ids"]
+    with pytest.raises(ValueError, match="needs `task_ids`"):
+        one_step(trainer, batch)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"task_names": []}, "task_names"),
+        ({"task_names": ["a", "a"]}, "unique"),
+        ({"weighting": "best"}, "unknown strategy"),
+        ({"alpha": -1.0}, "alpha must be > 0"),
+        ({"weighting": "average", "alpha": 2.0}, "alpha: not used by weighting='average'"),
+        ({"loss_normalization": "excess"}, "reference_losses"),
+        ({"loss_normalization": "excess", "reference_losses": [1.0]}, "one value per task"),
+        ({"weighting_learning_rate": 0.0}, "weighting_learning_rate"),
+    ],
+)
+def test_invalid_arguments_fail_at_construction(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(tmp_path, **overrides)
+
+
+def test_bf16_autocast_trains_with_fp32_task_losses(tmp_path):
+    _, trainer = first_step_grads(tmp_path, bf16=True)
+    entry = next(e for e in trainer.state.log_history if "loss" in e)
+    assert math.isfinite(entry["loss"]) and all(math.isfinite(entry[f"task_loss/{t}"]) for t in TASKS)

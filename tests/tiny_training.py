@@ -1,0 +1,109 @@
+"""A tiny BERT masked-LM run used by the trainer tests, in-process or as a script (torchrun, resume-after-kill).
+
+As a script it writes, into ``--out``: ``grads-rank<r>.safetensors`` (the first step's gradients, before the optimizer
+step), ``weights-rank<r>.json`` (the weights of every step) and the Trainer's checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+
+import torch
+from datasets import Dataset
+from safetensors.torch import save_file
+from transformers import BertConfig, BertForMaskedLM, TrainerCallback
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+
+TASKS = ["verb", "noun", "adjective"]
+VOCAB, SEQ = 64, 16
+
+
+def tiny_bert(seed: int = 0, dropout: float = 0.0) -> BertForMaskedLM:
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=SEQ, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+    )
+    return BertForMaskedLM(config)
+
+
+def masked_examples(n: int, seed: int = 0, num_tasks: int = len(TASKS)) -> dict[str, torch.Tensor]:
+    """Pre-masked examples: ~30% targets, each with a random task id (task 0 three times as frequent)."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, VOCAB, (n, SEQ), generator=g)
+    is_target = torch.rand(n, SEQ, generator=g) < 0.3
+    labels = torch.where(is_target, input_ids, -100)
+    probs = torch.tensor([3.0] + [1.0] * (num_tasks - 1))
+    task_ids = torch.multinomial(probs, n * SEQ, replacement=True, generator=g).view(n, SEQ)
+    return {
+        "input_ids": torch.where(is_target, 4, input_ids),  # 4 plays [MASK]
+        "attention_mask": torch.ones(n, SEQ, dtype=torch.long),
+        "labels": labels,
+        "task_ids": torch.where(is_target, task_ids, -100),
+    }
+
+
+def as_dataset(examples: dict[str, torch.Tensor]) -> Dataset:
+    return Dataset.from_dict({k: v.tolist() for k, v in examples.items()})
+
+
+class RecordCallback(TrainerCallback):
+    """Records the first step's gradients and every step's weights; optionally SIGKILLs itself after a save."""
+
+    def __init__(self, trainer: MinimaxTrainer, out: str, kill_after_save: int | None = None) -> None:
+        self.trainer, self.out, self.kill_after_save = trainer, out, kill_after_save
+        self.grads: dict[str, torch.Tensor] | None = None
+        self.weights: list[list[float]] = []
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.grads is None:
+            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+            self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        self.weights.append(self.trainer.step_weights.tolist())
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.kill_after_save is not None and state.global_step == self.kill_after_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--num_examples", type=int, default=8)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--grad_accum", type=int, default=1)
+    parser.add_argument("--max_steps", type=int, default=1)
+    parser.add_argument("--save_steps", type=int, default=0)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--weighting", default="minimax")
+    parser.add_argument("--loss_ema", type=float, default=0.0)
+    parser.add_argument("--kill_after_save", type=int)
+    parser.add_argument("--resume", action="store_true")
+    cli = parser.parse_args()
+    args = MinimaxTrainingArguments(
+        output_dir=cli.out, task_names=TASKS, weighting=cli.weighting, loss_ema=cli.loss_ema,
+        per_device_train_batch_size=cli.batch_size, gradient_accumulation_steps=cli.grad_accum,
+        max_steps=cli.max_steps, learning_rate=1e-3, max_grad_norm=0.0, logging_steps=1,
+        save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
+        report_to=[], use_cpu=True, seed=7, data_seed=7, disable_tqdm=True,
+    )
+    trainer = MinimaxTrainer(
+        model=tiny_bert(dropout=cli.dropout), args=args, train_dataset=as_dataset(masked_examples(cli.num_examples))
+    )
+    record = RecordCallback(trainer, cli.out, cli.kill_after_save)
+    trainer.add_callback(record)
+    trainer.train(resume_from_checkpoint=True if cli.resume else None)
+    rank = args.process_index
+    save_file({k: v.contiguous() for k, v in record.grads.items()}, os.path.join(cli.out, f"grads-rank{rank}.safetensors"))
+    with open(os.path.join(cli.out, f"weights-rank{rank}.json"), "w") as f:
+        json.dump(record.weights, f)
+    if args.should_save:
+        trainer.save_model(os.path.join(cli.out, "final"))
+
+
+if __name__ == "__main__":
+    main()
