@@ -61,7 +61,7 @@ def first_step_grads(tmp_path, weighting=None, **overrides):
 
 
 def max_relative_difference(a: dict, b: dict) -> float:
-    """``||a - b|| / ||a||`` over all gradients (per tensor it is meaningless where a gradient is ~0, e.g. key biases)."""
+    """``||a - b|| / ||a||`` over all gradients (per tensor it is meaningless where a gradient is ~0: key biases)."""
     assert a.keys() == b.keys()
     diff = torch.cat([(a[k] - b[k]).flatten() for k in a])
     return float(diff.norm() / torch.cat([a[k].flatten() for k in a]).norm())

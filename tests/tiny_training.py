@@ -98,7 +98,8 @@ def main() -> None:
     trainer.add_callback(record)
     trainer.train(resume_from_checkpoint=True if cli.resume else None)
     rank = args.process_index
-    save_file({k: v.contiguous() for k, v in record.grads.items()}, os.path.join(cli.out, f"grads-rank{rank}.safetensors"))
+    grads = {k: v.contiguous() for k, v in record.grads.items()}
+    save_file(grads, os.path.join(cli.out, f"grads-rank{rank}.safetensors"))
     with open(os.path.join(cli.out, f"weights-rank{rank}.json"), "w") as f:
         json.dump(record.weights, f)
     if args.should_save:
