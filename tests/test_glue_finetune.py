@@ -78,14 +78,14 @@ def test_lora_saves_peft_adapter_and_head(tiny_bert: Path, shared_data: Path, tm
     assert len(head) == 1 and torch.equal(classifier.weight, next(iter(head.values())))
 
     # The reloaded adapter reproduces the saved evaluation.
-    dev = load_glue("rte", shared_data / "glue")["validation"].select(range(20))
+    dev = load_glue("rte", shared_data / "glue")["validation"][:20]
     tokenizer = finetune.AutoTokenizer.from_pretrained(tmp_path)
     batch = tokenizer(
         dev["sentence1"], dev["sentence2"], truncation=True, max_length=128, padding=True, return_tensors="pt"
     )
     with torch.no_grad():
         predictions = model(**batch).logits.argmax(-1).numpy()
-    accuracy = load_glue_metric("rte").compute(predictions=predictions, references=list(dev["label"]))["accuracy"]
+    accuracy = load_glue_metric("rte").compute(predictions=predictions, references=dev["label"])["accuracy"]
     assert accuracy == pytest.approx(metrics["eval_accuracy"])
 
 
