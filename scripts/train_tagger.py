@@ -21,7 +21,7 @@ def accuracy(tagger: VectorizedPerceptron, conllu_path: Path) -> tuple[float, in
     """Token-level UPOS accuracy of ``tagger`` on gold-tokenised sentences."""
     sentences = list(read_conllu(conllu_path))
     predicted = tagger.tag([s.words for s in sentences])
-    correct = sum(p == g for s, tags in zip(sentences, predicted) for p, g in zip(tags, s.upos))
+    correct = sum(p == g for s, tags in zip(sentences, predicted, strict=True) for p, g in zip(tags, s.upos, strict=True))
     total = sum(len(s.upos) for s in sentences)
     return correct / total, total
 

@@ -99,7 +99,7 @@ def train_perceptron(sentences: Sequence[tuple[Sequence[str], Sequence[str]]], n
     for words, tags in sentences:
         if len(words) != len(tags):
             raise ValueError(f"sentence has {len(words)} words but {len(tags)} tags")
-        for word, tag in zip(words, tags):
+        for word, tag in zip(words, tags, strict=True):
             counts[word][tag] += 1
     classes = sorted({tag for tag_counts in counts.values() for tag in tag_counts})
     tagdict = {}
@@ -309,7 +309,7 @@ def reference_tag(model: dict, words: Sequence[str]) -> list[str]:
     perceptron = AveragedPerceptron()
     perceptron.classes = set(model["classes"])
     weights: dict[str, dict[str, float]] = defaultdict(dict)
-    for row, col, value in zip(model["rows"], model["cols"], model["values"]):
+    for row, col, value in zip(model["rows"], model["cols"], model["values"], strict=True):
         weights[model["features"][row]][model["classes"][col]] = value
     perceptron.weights = dict(weights)
     prev, prev2 = START

@@ -9,7 +9,7 @@ from typing import Any
 from datasets import Dataset, Features, IterableDataset, List, Value
 from datasets.fingerprint import Hasher
 
-from robust_pretrain.data.taggers import Tagger, TagFunction, TaggedWord, get_tagger
+from robust_pretrain.data.taggers import TagFunction, TaggedWord, Tagger, get_tagger
 from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
 
 FEATURES = Features(
@@ -37,7 +37,7 @@ def align_tokens_to_words(
     """
     word_ends = [end for _, end, _ in words]
     token_words = []
-    for (start, end), special in zip(offsets, special_tokens_mask):
+    for (start, end), special in zip(offsets, special_tokens_mask, strict=True):
         index = bisect_right(word_ends, start) if not special and end > start else len(words)
         token_words.append(index if index < len(words) and words[index][0] < end else -1)
     return token_words
@@ -83,7 +83,7 @@ class _TokenizeAndTag:
         )
         rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
         for ids, offsets, special, words in zip(
-            encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], tagged
+            encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], tagged, strict=True
         ):
             token_words = align_tokens_to_words(offsets, special, words)
             tasks = [self.tag_to_task.get(words[w][2], -1) if w >= 0 else -1 for w in token_words]

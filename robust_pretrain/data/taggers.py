@@ -66,11 +66,11 @@ class ShippedTagger:
 
     def __call__(self, texts: Sequence[str]) -> list[list[TaggedWord]]:
         spans = [word_spans(text) for text in texts]
-        words = [[text[start:end] for start, end in text_spans] for text, text_spans in zip(texts, spans)]
+        words = [[text[start:end] for start, end in text_spans] for text, text_spans in zip(texts, spans, strict=True)]
         tags = self.model.tag(words)
         return [
-            [(start, end, tag) for (start, end), tag in zip(text_spans, text_tags)]
-            for text_spans, text_tags in zip(spans, tags)
+            [(start, end, tag) for (start, end), tag in zip(text_spans, text_tags, strict=True)]
+            for text_spans, text_tags in zip(spans, tags, strict=True)
         ]
 
 
@@ -115,7 +115,7 @@ class NltkTagger:
         for text in texts:
             spans = word_spans(text)
             penn = self._tagger.tag([text[start:end] for start, end in spans]) if spans else []
-            tagged.append([(start, end, penn_to_upos(tag)) for (start, end), (_, tag) in zip(spans, penn)])
+            tagged.append([(start, end, penn_to_upos(tag)) for (start, end), (_, tag) in zip(spans, penn, strict=True)])
         return tagged
 
 
@@ -134,7 +134,7 @@ class CallableTagger:
         if not isinstance(tagged, Sequence) or len(tagged) != len(texts):
             raise ValueError(f"tagger function must return one list of words per text ({len(texts)} texts)")
         checked = []
-        for text, words in zip(texts, tagged):
+        for text, words in zip(texts, tagged, strict=True):
             previous_end = 0
             for word in words:
                 if len(word) != 3:

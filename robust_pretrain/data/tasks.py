@@ -25,7 +25,7 @@ DEFAULT_POS_TASKS: Mapping[str, tuple[str, ...]] = {
 }
 """The paper's nine PoS tasks in order. PUNCT, NUM, SYM, PART and X belong to no task: never masked, always context."""
 
-TaskSpecLike = Union["TaskSpec", Mapping[str, Union[str, Sequence[str]]], str, Path, None]
+TaskSpecLike = Union["TaskSpec", Mapping[str, str | Sequence[str]], str, Path, None]
 
 
 @dataclass(frozen=True)

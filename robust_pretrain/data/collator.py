@@ -1,0 +1,216 @@
+"""Masked-language-model collator that masks whole words of part-of-speech tasks and labels targets by task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
+
+IGNORE_INDEX = -100
+_INPUT_COLUMNS = ("input_ids", "word_ids", "token_task_ids")
+
+
+@dataclass
+class TaskGroupedMLMCollator:
+    """Pad features from :func:`~robust_pretrain.data.tokenize_and_tag` and mask whole task words.
+
+    Modes:
+        ``per_token``: every task word is a target with probability ``mlm_probability`` (whole words, Bernoulli per
+        word), so about that fraction of task words is masked; each target carries its own word's task id.
+        ``per_example``: each sequence gets one task, present in it, and only that task's words are masked, in random
+        order, until ``round(mlm_probability * non-special tokens)`` target tokens are reached (at least one word;
+        fewer if the task has fewer tokens). Tasks are balanced within the batch: a maximum matching first gives
+        every task present in the batch its own sequence (so with batch size >= number of tasks every task the data
+        holds appears), then each remaining sequence takes its least-covered task (rarer tasks first on ties).
+
+    Targets are replaced by the mask token with ``mask_replace_prob``, by a random token with
+    ``random_replace_prob`` and kept otherwise (80/10/10). Words of no task (punctuation, numbers, ...), special
+    tokens and padding are never targets; a sequence without any task word simply has no targets.
+
+    Output: ``input_ids``, ``attention_mask``, ``labels`` (original id at targets, -100 elsewhere) and ``task_ids``
+    (task id at targets, -100 elsewhere), all ``LongTensor`` of shape ``(batch, length)``.
+
+    Randomness comes from a private ``torch.Generator`` seeded with ``seed`` (``None``: seeded from the OS). Inside a
+    ``DataLoader`` worker the generator is reseeded once from ``(seed, worker id)`` so workers draw different but
+    reproducible masks for a given ``num_workers``; with ``seed=None`` it uses the worker seed PyTorch assigns.
+    """
+
+    tokenizer: Any
+    spec: TaskSpecLike = None
+    num_tasks: int | None = None
+    mode: Literal["per_token", "per_example"] = "per_token"
+    mlm_probability: float = 0.15
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
+    pad_to_multiple_of: int | None = None
+    seed: int | None = None
+    generator: torch.Generator = field(init=False, repr=False)
+    _worker_id: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        spec_tasks = TaskSpec.resolve(self.spec).num_tasks
+        if self.num_tasks is None:
+            self.num_tasks = spec_tasks
+        elif self.spec is not None and self.num_tasks != spec_tasks:
+            raise ValueError(f"num_tasks={self.num_tasks} disagrees with the spec's {spec_tasks} tasks")
+        if self.num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {self.num_tasks}")
+        if self.mode not in ("per_token", "per_example"):
+            raise ValueError(f"mode must be 'per_token' or 'per_example', got {self.mode!r}")
+        if not 0.0 <= self.mlm_probability <= 1.0:
+            raise ValueError(f"mlm_probability must be in [0, 1], got {self.mlm_probability}")
+        if not (0.0 <= self.mask_replace_prob and 0.0 <= self.random_replace_prob
+                and self.mask_replace_prob + self.random_replace_prob <= 1.0):
+            raise ValueError("mask_replace_prob and random_replace_prob must be >= 0 and sum to at most 1")
+        if self.tokenizer.mask_token_id is None:
+            raise ValueError("the tokenizer has no mask token, which masked language modelling needs")
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before collating")
+        self.generator = torch.Generator()
+        if self.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(self.seed)
+
+    def _reseed_in_worker(self) -> None:
+        worker = torch.utils.data.get_worker_info()
+        if worker is None or worker.id == self._worker_id:
+            return
+        self._worker_id = worker.id
+        if self.seed is None:
+            self.generator.manual_seed(worker.seed)
+        else:
+            self.generator.manual_seed(int(np.random.SeedSequence([self.seed, worker.id]).generate_state(1)[0]))
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not features:
+            raise ValueError("cannot collate an empty batch")
+        missing = [c for c in _INPUT_COLUMNS if c not in features[0]]
+        if missing:
+            raise ValueError(f"features lack {missing}; produce them with robust_pretrain.data.tokenize_and_tag")
+        self._reseed_in_worker()
+        input_ids, attention_mask, special, word_ids, token_tasks = self._pad(features)
+        if self.mode == "per_token":
+            targets = self._per_token_targets(word_ids, token_tasks)
+        else:
+            targets = self._per_example_targets(word_ids, token_tasks, attention_mask.bool() & ~special)
+        labels = torch.where(targets, input_ids, IGNORE_INDEX)
+        task_ids = torch.where(targets, token_tasks, IGNORE_INDEX)
+        draw = torch.rand(input_ids.shape, generator=self.generator)
+        to_mask = targets & (draw < self.mask_replace_prob)
+        to_random = targets & ~to_mask & (draw < self.mask_replace_prob + self.random_replace_prob)
+        random_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=self.generator)
+        input_ids = torch.where(to_mask, self.tokenizer.mask_token_id, input_ids)
+        input_ids = torch.where(to_random, random_ids, input_ids)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "task_ids": task_ids}
+
+    def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
+        """Right- or left-pad (``tokenizer.padding_side``) every column to the batch length."""
+        lengths = torch.tensor([len(f["input_ids"]) for f in features])
+        for name in ("word_ids", "token_task_ids", "special_tokens_mask"):
+            if name in features[0] and any(len(f[name]) != len(f["input_ids"]) for f in features):
+                raise ValueError(f"column {name!r} and input_ids differ in length in this batch")
+        length = int(lengths.max())
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        positions = torch.arange(length)
+        if self.tokenizer.padding_side == "left":
+            filled = positions[None, :] >= (length - lengths)[:, None]
+        else:
+            filled = positions[None, :] < lengths[:, None]
+
+        def column(name: str, pad_value: int) -> torch.Tensor:
+            values = [f[name] for f in features]
+            flat = torch.cat([torch.as_tensor(v) for v in values]) if isinstance(values[0], torch.Tensor) else \
+                torch.tensor(list(chain.from_iterable(values)), dtype=torch.long)
+            out = torch.full((len(features), length), pad_value, dtype=torch.long)
+            out[filled] = flat.long()
+            return out
+
+        special = column("special_tokens_mask", 1).bool() if "special_tokens_mask" in features[0] else None
+        word_ids = column("word_ids", -1)
+        if special is None:
+            special = word_ids < 0
+        return (column("input_ids", self.tokenizer.pad_token_id), filled.long(), special, word_ids,
+                column("token_task_ids", -1))
+
+    def _word_table(self, word_ids: torch.Tensor, values: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-word values ``(batch, n_words)`` from per-token ``values``, and token -> word-column indices.
+
+        Tokens outside words point at an extra last column, which callers drop or keep as a neutral slot.
+        """
+        n_words = int(word_ids.max()) + 1 if word_ids.numel() else 0
+        columns = torch.where(word_ids >= 0, word_ids, n_words)
+        table = torch.full((word_ids.shape[0], n_words + 1), fill, dtype=values.dtype)
+        table.scatter_(1, columns, values)
+        return table, columns
+
+    def _per_token_targets(self, word_ids: torch.Tensor, token_tasks: torch.Tensor) -> torch.Tensor:
+        word_tasks, columns = self._word_table(word_ids, token_tasks, -1)
+        chosen = (torch.rand(word_tasks.shape, generator=self.generator) < self.mlm_probability) & (word_tasks >= 0)
+        chosen[:, -1] = False
+        return chosen.gather(1, columns)
+
+    def _per_example_targets(
+        self, word_ids: torch.Tensor, token_tasks: torch.Tensor, maskable: torch.Tensor
+    ) -> torch.Tensor:
+        word_tasks, columns = self._word_table(word_ids, token_tasks, -1)
+        word_tasks[:, -1] = -1
+        assigned = self.assign_tasks(word_tasks)
+        eligible = (word_tasks == assigned[:, None]) & (assigned[:, None] >= 0)
+        word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long).scatter_add_(1, columns, torch.ones_like(columns))
+        priority = torch.where(eligible, torch.rand(word_tasks.shape, generator=self.generator), 2.0)
+        order = priority.argsort(dim=1)
+        sorted_eligible = eligible.gather(1, order)
+        filled = word_lengths.gather(1, order).cumsum(dim=1)
+        budget = (self.mlm_probability * maskable.sum(dim=1)).round().clamp(min=1)
+        first = torch.zeros_like(sorted_eligible)
+        first[:, 0] = True
+        chosen_sorted = sorted_eligible & ((filled <= budget[:, None]) | first)
+        chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted)
+        return chosen.gather(1, columns)
+
+    def assign_tasks(self, word_tasks: torch.Tensor) -> torch.Tensor:
+        """One task per sequence (-1 if it has no task word), balanced over the batch as described above."""
+        batch_size = word_tasks.shape[0]
+        present = torch.zeros(batch_size, self.num_tasks + 1, dtype=torch.bool)
+        present.scatter_(1, torch.where(word_tasks >= 0, word_tasks, self.num_tasks), True)
+        present = present[:, : self.num_tasks]
+        sequence_order = torch.randperm(batch_size, generator=self.generator).tolist()
+        tie_break = torch.randperm(self.num_tasks, generator=self.generator).tolist()
+        frequency = present.sum(dim=0).tolist()
+        tasks_of = [[t for t in range(self.num_tasks) if row[t]] for row in present.tolist()]
+        sequences_of = [[s for s in sequence_order if present[s, t]] for t in range(self.num_tasks)]
+
+        owner: dict[int, int] = {}  # sequence -> task, built by augmenting paths (Kuhn's algorithm)
+
+        def augment(task: int, visited: set[int]) -> bool:
+            for sequence in sequences_of[task]:
+                if sequence in visited:
+                    continue
+                visited.add(sequence)
+                if sequence not in owner or augment(owner[sequence], visited):
+                    owner[sequence] = task
+                    return True
+            return False
+
+        for task in sorted(range(self.num_tasks), key=lambda t: (frequency[t], tie_break[t])):
+            if frequency[task]:
+                augment(task, set())
+        coverage = [0] * self.num_tasks
+        for task in owner.values():
+            coverage[task] += 1
+        assigned = [-1] * batch_size
+        for sequence in sequence_order:
+            if sequence in owner:
+                assigned[sequence] = owner[sequence]
+            elif tasks_of[sequence]:
+                task = min(tasks_of[sequence], key=lambda t: (coverage[t], frequency[t], tie_break[t]))
+                coverage[task] += 1
+                assigned[sequence] = task
+        return torch.tensor(assigned, dtype=torch.long)
