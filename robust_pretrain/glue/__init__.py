@@ -9,6 +9,7 @@ from robust_pretrain.glue.finetune import (
     run_finetune,
 )
 from robust_pretrain.glue.metrics import GLUE_METRIC_PATH, load_glue_metric
+from robust_pretrain.glue.suite import GlueSuiteArguments, render_markdown, run_suite, summarize, update_model_card
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task, primary_score
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "GLUE_TASKS",
     "GlueDataArguments",
     "GlueRunArguments",
+    "GlueSuiteArguments",
     "GlueTrainingArguments",
     "LoraArguments",
     "TaskSpec",
@@ -26,5 +28,9 @@ __all__ = [
     "load_glue_metric",
     "primary_score",
     "read_glue_tsv",
+    "render_markdown",
     "run_finetune",
+    "run_suite",
+    "summarize",
+    "update_model_card",
 ]

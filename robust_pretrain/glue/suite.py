@@ -166,6 +166,7 @@ def run_cell(
         "primary_score": primary_score(task, eval_metrics),
         "eval_metrics": eval_metrics,
     }
+    cell_dir.mkdir(parents=True, exist_ok=True)
     _write_json(cell_file, cell)
     return cell
 
