@@ -90,14 +90,15 @@ def checkpoints(tmp_path: Path) -> dict[str, Path]:
     return paths
 
 
-def _run(checkpoints: dict[str, Path], out: Path, **training) -> dict:
+def _run(checkpoints: dict[str, Path], out: Path, lora: LoraArguments | None = None, **training) -> dict:
     args = GlueSuiteArguments(
         checkpoints=[str(checkpoints["robust"])],
         baseline=str(checkpoints["base"]),
         tasks=["rte", "cola", "stsb"],
         seeds=[1, 2],
     )
-    return run_suite(args, GlueDataArguments(), LoraArguments(), GlueTrainingArguments(output_dir=str(out), **training))
+    training_args = GlueTrainingArguments(output_dir=str(out), **training)
+    return run_suite(args, GlueDataArguments(), lora or LoraArguments(), training_args)
 
 
 def test_table_worst_case_and_deltas(fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path) -> None:
@@ -138,6 +139,11 @@ def test_model_cards_keep_user_content(fake: FakeFinetune, checkpoints: dict[str
     assert ours == {("rte", "accuracy"): 61.0, ("cola", "matthews_correlation"): 32.0, ("stsb", "spearmanr"): 80.0,
                     ("stsb", "pearson"): 79.0}  # fmt: skip
     assert len(card.data.eval_results) == 6
+
+    _run(checkpoints, tmp_path / "lora-suite", lora=LoraArguments(use_lora=True))  # kept apart from full fine-tuning
+    card = ModelCard.load(checkpoints["base"] / "README.md")
+    assert len(card.data.eval_results) == 10
+    assert sum("lora fine-tuning" in (r.metric_name or "") for r in card.data.eval_results) == 4
 
     created = ModelCard.load(checkpoints["robust"] / "README.md")
     assert created.data.model_name == "robust"

@@ -95,12 +95,12 @@ class GlueTrainingArguments(TrainingArguments):
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the task's dev split(s) after training."})
 
 
-def check_checkpoint(name_or_path: str) -> None:
-    """Fail early when a checkpoint given as a local path does not exist or is not a model directory."""
+def check_checkpoint(name_or_path: str, required_file: str = "config.json") -> None:
+    """Fail early when a checkpoint given as a local path does not exist or lacks ``required_file``."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"checkpoint {name_or_path!r} is a directory without config.json (not a model)")
+        if not (path / required_file).is_file():
+            raise FileNotFoundError(f"{name_or_path!r} is a directory without {required_file} (not a model directory)")
         return
     looks_local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_local:
@@ -194,7 +194,7 @@ def run_finetune(
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
     if run_args.tokenizer_name:
-        check_checkpoint(run_args.tokenizer_name)
+        check_checkpoint(run_args.tokenizer_name, required_file="tokenizer_config.json")
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
     set_seed(training_args.seed)
 

@@ -83,25 +83,35 @@ class GlueSuiteArguments:
         self.tasks = [get_task(task).name for task in self.tasks]
         if not self.tasks or not self.seeds or not self.checkpoints:
             raise ValueError("--checkpoints, --tasks and --seeds each need at least one value")
-        if self.baseline is not None and self.baseline not in self.checkpoints:
+        identities = [checkpoint_identity(checkpoint) for checkpoint in self.checkpoints]
+        if self.baseline is not None and checkpoint_identity(self.baseline) not in identities:
             self.checkpoints = [self.baseline, *self.checkpoints]
-        for name in ("checkpoints", "tasks", "seeds"):
-            values = getattr(self, name)
+            identities.insert(0, checkpoint_identity(self.baseline))
+        for name, values in (("checkpoints", identities), ("tasks", self.tasks), ("seeds", self.seeds)):
             if len(set(values)) != len(values):
-                raise ValueError(f"--{name} has duplicates: {values}")
+                raise ValueError(f"--{name} has duplicates: {getattr(self, name)}")
+
+
+def _local_dir(checkpoint: str) -> Path | None:
+    path = Path(checkpoint).expanduser()
+    return path.resolve() if path.is_dir() else None
+
+
+def checkpoint_identity(checkpoint: str) -> str:
+    """A local directory's resolved path, or the Hub id."""
+    local = _local_dir(checkpoint)
+    return checkpoint if local is None else str(local)
 
 
 def checkpoint_label(checkpoint: str) -> str:
     """Short display name: a local directory's name, or the Hub id."""
-    path = Path(checkpoint).expanduser()
-    return path.resolve().name if path.is_dir() else checkpoint
+    local = _local_dir(checkpoint)
+    return checkpoint if local is None else local.name
 
 
 def _checkpoint_key(checkpoint: str) -> str:
-    path = Path(checkpoint).expanduser()
-    identity = str(path.resolve()) if path.is_dir() else checkpoint
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", checkpoint_label(checkpoint)).strip("-")
-    return f"{slug}-{hashlib.sha1(identity.encode()).hexdigest()[:8]}"
+    return f"{slug}-{hashlib.sha1(checkpoint_identity(checkpoint).encode()).hexdigest()[:8]}"
 
 
 def cell_fingerprint(
@@ -113,9 +123,8 @@ def cell_fingerprint(
     training_args: GlueTrainingArguments,
 ) -> str:
     """Hash of everything that changes a cell's score (the data source is not part of it: Hub and TSV agree)."""
-    path = Path(checkpoint).expanduser()
     settings = {
-        "checkpoint": str(path.resolve()) if path.is_dir() else checkpoint,
+        "checkpoint": checkpoint_identity(checkpoint),
         "task": task,
         "seed": seed,
         "data": {k: v for k, v in dataclasses.asdict(data_args).items() if k not in ("glue_dir", "cache_dir")},
@@ -198,6 +207,10 @@ def summarize(cells: list[dict[str, Any]], tasks: list[str], baseline: str | Non
         entry["average"] = statistics.fmean(means.values())
         entry["worst_task"] = min(means, key=means.__getitem__)
         entry["worst_score"] = means[entry["worst_task"]]
+    labels = [entry["label"] for entry in checkpoints.values()]
+    for checkpoint, entry in checkpoints.items():
+        if labels.count(entry["label"]) > 1:
+            entry["label"] = checkpoint
     if baseline is not None:
         base = checkpoints[baseline]
         for entry in checkpoints.values():
@@ -255,7 +268,7 @@ def render_markdown(summary: dict[str, Any], seeds: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _eval_results(entry: dict[str, Any], seeds: list[int]) -> list[EvalResult]:
+def _eval_results(entry: dict[str, Any], seeds: list[int], method: str) -> list[EvalResult]:
     results = []
     for task, scores in entry["tasks"].items():
         spec = get_task(task)
@@ -272,8 +285,8 @@ def _eval_results(entry: dict[str, Any], seeds: list[int]) -> list[EvalResult]:
                     dataset_split=split,
                     metric_type=metric,
                     metric_value=round(value, 2),
-                    metric_name=f"{metric} x100 (mean over {len(seeds)} seeds)",
-                    metric_args={"source": _CARD_SOURCE, "seeds": list(seeds)},
+                    metric_name=f"{metric} x100 ({method} fine-tuning, mean over {len(seeds)} seeds)",
+                    metric_args={"source": _CARD_SOURCE, "fine_tuning": method, "seeds": list(seeds)},
                 )
             )
     return results
@@ -282,19 +295,23 @@ def _eval_results(entry: dict[str, Any], seeds: list[int]) -> list[EvalResult]:
 def _replaced_by(old: EvalResult, new: EvalResult) -> bool:
     """Whether ``old`` is an earlier suite result for the same metric (results from anything else are kept)."""
     keys = ("task_type", "dataset_type", "dataset_config", "dataset_split", "metric_type")
-    ours = (old.metric_args or {}).get("source") == _CARD_SOURCE
-    return ours and all(getattr(old, key) == getattr(new, key) for key in keys)
+    old_args, new_args = old.metric_args or {}, new.metric_args or {}
+    same_run = all(old_args.get(key) == new_args.get(key) for key in ("source", "fine_tuning"))
+    return same_run and all(getattr(old, key) == getattr(new, key) for key in keys)
 
 
-def update_model_card(checkpoint_dir: Path, entry: dict[str, Any], seeds: list[int]) -> Path:
-    """Add or refresh this suite's ``model-index`` results in ``README.md``; all other card content is kept."""
+def update_model_card(checkpoint_dir: Path, entry: dict[str, Any], seeds: list[int], method: str = "full") -> Path:
+    """Add or refresh suite results (per task and ``method``: full/lora) as ``model-index`` entries in README.md.
+
+    Card text, other metadata and every other evaluation result (including the user's own) are kept.
+    """
     readme = checkpoint_dir / "README.md"
     if readme.is_file():
         card = ModelCard.load(readme)
     else:
         text = "GLUE dev results (model-index metadata above) were added by robust-pretrain's glue_suite."
         card = ModelCard(f"# {checkpoint_dir.name}\n\n{text}\n")
-    new_results = _eval_results(entry, seeds)
+    new_results = _eval_results(entry, seeds, method)
     kept = [old for old in card.data.eval_results or [] if not any(_replaced_by(old, new) for new in new_results)]
     card.data.eval_results = kept + new_results
     card.data.model_name = card.data.model_name or checkpoint_dir.name
@@ -330,11 +347,11 @@ def run_suite(
     _write_json(output_dir / "glue_suite.json", summary)
     (output_dir / "glue_suite.md").write_text(render_markdown(summary, suite_args.seeds), encoding="utf-8")
     if suite_args.update_model_cards:
+        method = "lora" if lora_args.use_lora else "full"
         for checkpoint, entry in summary["checkpoints"].items():
-            if Path(checkpoint).expanduser().is_dir():
-                logger.info(
-                    "Updated model card %s", update_model_card(Path(checkpoint).expanduser(), entry, suite_args.seeds)
-                )
+            local = _local_dir(checkpoint)
+            if local is not None:
+                logger.info("Updated model card %s", update_model_card(local, entry, suite_args.seeds, method))
     return summary
 
 
