@@ -23,8 +23,8 @@ class TaskGroupedMLMCollator:
         ``per_token``: every task word is a target with probability ``mlm_probability`` (whole words, Bernoulli per
         word), so about that fraction of task words is masked; each target carries its own word's task id.
         ``per_example``: each sequence gets one task, present in it, and only that task's words are masked, in random
-        order, until ``round(mlm_probability * non-special tokens)`` target tokens are reached (at least one word;
-        fewer if the task has fewer tokens). Tasks are balanced within the batch: a maximum matching first gives
+        order, skipping words that would exceed ``round(mlm_probability * non-special tokens)`` target tokens (the
+        first word is always taken; fewer targets if the task has fewer tokens). Tasks are balanced within the batch: a maximum matching first gives
         every task present in the batch its own sequence (so with batch size >= number of tasks every task the data
         holds appears), then each remaining sequence takes its least-covered task (rarer tasks first on ties).
 
@@ -165,13 +165,17 @@ class TaskGroupedMLMCollator:
         eligible = (word_tasks == assigned[:, None]) & (assigned[:, None] >= 0)
         word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long).scatter_add_(1, columns, torch.ones_like(columns))
         priority = torch.where(eligible, torch.rand(word_tasks.shape, generator=self.generator), 2.0)
-        order = priority.argsort(dim=1)
+        order = priority.argsort(dim=1)  # eligible words first, in random order
         sorted_eligible = eligible.gather(1, order)
-        filled = word_lengths.gather(1, order).cumsum(dim=1)
-        budget = (self.mlm_probability * maskable.sum(dim=1)).round().clamp(min=1)
-        first = torch.zeros_like(sorted_eligible)
-        first[:, 0] = True
-        chosen_sorted = sorted_eligible & ((filled <= budget[:, None]) | first)
+        sorted_lengths = word_lengths.gather(1, order)
+        remaining = (self.mlm_probability * maskable.sum(dim=1)).round().long().clamp(min=1)
+        chosen_sorted = torch.zeros_like(sorted_eligible)
+        # Take words while they fit in the remaining token budget, skipping those that do not (the first is always
+        # taken, so a sequence with its task's words always gets a target).
+        for rank in range(int(eligible.sum(dim=1).max())):
+            take = sorted_eligible[:, rank] & ((sorted_lengths[:, rank] <= remaining) | (rank == 0))
+            chosen_sorted[:, rank] = take
+            remaining -= torch.where(take, sorted_lengths[:, rank], 0)
         chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted)
         return chosen.gather(1, columns)
 
