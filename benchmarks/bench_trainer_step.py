@@ -1,0 +1,156 @@
+"""Train-step time and peak memory of MinimaxTrainer against the plain Trainer on the same BertForMaskedLM.
+
+Every configuration gets its own copy of the same model and the same batches. Steps are interleaved (one step of each
+configuration per round), so machine noise hits all of them alike; the reported time is the median over rounds.
+A step is what the Trainer's loop does per optimizer step: ``get_batch_samples`` + ``training_step`` (forward,
+per-task reduce, weigh, backward) + ``optimizer.step``. Peak memory is the peak RSS of a separate process running
+only that configuration (VmHWM on CPU), or the peak allocated CUDA memory on a GPU.
+
+    python benchmarks/bench_trainer_step.py              # writes benchmarks/results/trainer_step.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
+
+from robust_pretrain import WEIGHTINGS, MinimaxTrainer, MinimaxTrainingArguments
+
+RESULTS = Path(__file__).with_name("results")
+TASKS = ["verb", "noun", "adjective", "determiner", "adverb", "pronoun", "preposition", "conjunction", "interjection"]
+CONFIGS = ["plain", *(f"{name}" for name in WEIGHTINGS), "minimax-full-logits"]
+
+
+def make_batches(n: int, batch: int, seq: int, vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        ids = torch.randint(1000, vocab, (batch, seq), generator=g)
+        target = torch.rand(batch, seq, generator=g) < 0.15
+        batches.append({
+            "input_ids": torch.where(target, 103, ids),
+            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+            "labels": torch.where(target, ids, -100),
+            "task_ids": torch.where(target, torch.randint(0, len(TASKS), (batch, seq), generator=g), -100),
+        })
+    return batches
+
+
+def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> Trainer:
+    torch.manual_seed(0)
+    bert = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=max(1, hidden // 64),
+                      intermediate_size=4 * hidden, max_position_embeddings=max(512, seq))
+    model = BertForMaskedLM(bert)
+    common = dict(output_dir=out, report_to=[], use_cpu=not torch.cuda.is_available(), learning_rate=1e-4,
+                  max_grad_norm=0.0, disable_tqdm=True)
+    if config == "plain":
+        return Trainer(model=model, args=TrainingArguments(**common))
+    weighting = "minimax" if config == "minimax-full-logits" else config
+    args = MinimaxTrainingArguments(**common, task_names=TASKS, weighting=weighting,
+                                    sparse_mlm_head=config != "minimax-full-logits")
+    return MinimaxTrainer(model=model, args=args)
+
+
+def step(trainer: Trainer, batch: dict[str, torch.Tensor], plain: bool) -> None:
+    inputs = {k: v for k, v in batch.items() if not (plain and k == "task_ids")}
+    samples, num_items = trainer.get_batch_samples(iter([inputs]), 1, trainer.args.device)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.training_step(trainer.model, samples[0], num_items)
+    trainer.optimizer.step()
+    trainer.model.zero_grad()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def prepare(trainer: Trainer) -> None:
+    trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
+    trainer.model.to(trainer.args.device)
+
+
+def time_interleaved(configs: list[str], rounds: int, warmup: int, cli: argparse.Namespace) -> dict[str, list[float]]:
+    batches = make_batches(rounds + warmup, cli.batch_size, cli.seq_len, 30522)
+    with tempfile.TemporaryDirectory() as out:
+        trainers = {c: make_trainer(c, out, cli.layers, cli.hidden, cli.seq_len) for c in configs}
+        for trainer in trainers.values():
+            prepare(trainer)
+        times: dict[str, list[float]] = {c: [] for c in configs}
+        for i, batch in enumerate(batches):
+            order = configs if i % 2 == 0 else configs[::-1]
+            for config in order:
+                batch_on_device = {k: v.to(trainers[config].args.device) for k, v in batch.items()}
+                start = time.perf_counter()
+                step(trainers[config], batch_on_device, config == "plain")
+                if i >= warmup:
+                    times[config].append(time.perf_counter() - start)
+    return times
+
+
+def peak_memory_mb(config: str, cli: argparse.Namespace) -> float:
+    """Peak memory of a process that runs only ``config`` for a few steps."""
+    command = [sys.executable, __file__, "--memory-of", config, "--layers", str(cli.layers), "--hidden",
+               str(cli.hidden), "--seq-len", str(cli.seq_len), "--batch-size", str(cli.batch_size)]
+    return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+
+
+def measure_memory_here(config: str, cli: argparse.Namespace) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        trainer = make_trainer(config, out, cli.layers, cli.hidden, cli.seq_len)
+        prepare(trainer)
+        for batch in make_batches(4, cli.batch_size, cli.seq_len, 30522):
+            step(trainer, {k: v.to(trainer.args.device) for k, v in batch.items()}, config == "plain")
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    # VmHWM is this process's own peak RSS (ru_maxrss would include the parent's peak, inherited at fork)
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=30, help="timed steps per configuration (median reported)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--memory-of", choices=CONFIGS, help=argparse.SUPPRESS)
+    cli = parser.parse_args()
+    if cli.memory_of:
+        print(measure_memory_here(cli.memory_of, cli))
+        return
+    configs = ["plain", *(c for c in cli.configs if c != "plain")]
+    times = time_interleaved(configs, cli.rounds, cli.warmup, cli)
+    memory = {c: peak_memory_mb(c, cli) for c in configs}
+    base_time, base_memory = statistics.median(times["plain"]), memory["plain"]
+    rows = [
+        {"config": c, "median_step_s": statistics.median(times[c]),
+         "time_ratio": statistics.median(times[c]) / base_time,
+         "peak_memory_mb": memory[c], "memory_ratio": memory[c] / base_memory}
+        for c in configs
+    ]
+    setup = {"model": f"BertForMaskedLM {cli.layers} layers, hidden {cli.hidden}", "seq_len": cli.seq_len,
+             "batch_size": cli.batch_size, "tasks": len(TASKS), "rounds": cli.rounds,
+             "device": "cuda" if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)",
+             "torch": torch.__version__}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "trainer_step.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=1))
+    lines = [f"Setup: {json.dumps(setup)}", "", "| configuration | median step (s) | time vs plain Trainer | "
+             "peak memory (MB) | memory vs plain |", "|---|---|---|---|---|"]
+    lines += [f"| {r['config']} | {r['median_step_s']:.4f} | {r['time_ratio']:.3f} | {r['peak_memory_mb']:.0f} | "
+              f"{r['memory_ratio']:.3f} |" for r in rows]
+    (RESULTS / "trainer_step.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
