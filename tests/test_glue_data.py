@@ -230,3 +230,14 @@ def test_config_file_errors(tmp_path: Path) -> None:
         parse_with_config(_finetune_parser(), ["--config", str(path)])
     with pytest.raises(FileNotFoundError, match="missing.yaml"):
         parse_with_config(_finetune_parser(), ["--config", str(tmp_path / "missing.yaml")])
+
+
+def test_help_renders_for_both_recipes(capsys: pytest.CaptureFixture[str]) -> None:
+    from robust_pretrain.glue import finetune, suite
+
+    for main in (finetune.main, suite.main):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--help"])
+        assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "--lora_target_modules" in help_text and "--checkpoints" in help_text and "paper: 6%" in help_text

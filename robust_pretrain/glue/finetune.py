@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 import numpy as np
-from peft import LoraConfig, TaskType, get_peft_model
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -17,6 +17,7 @@ from transformers import (
     DataCollatorWithPadding,
     EvalPrediction,
     HfArgumentParser,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
     TrainingArguments,
@@ -86,7 +87,7 @@ class GlueTrainingArguments(TrainingArguments):
     per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch size (paper: 32)."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper: 0.1)."})
     warmup_steps: float = field(
-        default=0.06, metadata={"help": "Warmup: ratio of total steps if < 1, else a step count (paper: 6%)."}
+        default=0.06, metadata={"help": "Warmup: ratio of total steps if < 1, else a step count (paper: 6%%)."}
     )
     save_strategy: SaveStrategy | str = field(
         default="no", metadata={"help": "Intermediate checkpoints ('no', 'epoch', 'steps'); the final model is saved."}
@@ -132,7 +133,7 @@ def _prepare(
     return limited.map(encode, batched=True, remove_columns=[*spec.text_columns, "idx"], desc="Tokenizing")
 
 
-def build_compute_metrics(spec: TaskSpec):
+def build_compute_metrics(spec: TaskSpec) -> Callable[[EvalPrediction], dict[str, float]]:
     """``compute_metrics`` for the Trainer, backed by the shipped ``evaluate`` module."""
     metric = load_glue_metric(spec.name)
 
@@ -144,7 +145,9 @@ def build_compute_metrics(spec: TaskSpec):
     return compute_metrics
 
 
-def _load_model(run_args: GlueRunArguments, lora_args: LoraArguments, spec: TaskSpec, cache_dir: str | None):
+def _load_model(
+    run_args: GlueRunArguments, lora_args: LoraArguments, spec: TaskSpec, cache_dir: str | None
+) -> PreTrainedModel | PeftModel:
     labels = (
         {}
         if spec.label_names is None
@@ -208,6 +211,7 @@ def run_finetune(
         )
     model = _load_model(run_args, lora_args, spec, data_args.cache_dir)
     encoded = _prepare(splits, spec, tokenizer, max_length, data_args)
+    Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
 
     trainer = Trainer(
         model=model,
@@ -228,7 +232,6 @@ def run_finetune(
 
     eval_metrics: dict[str, float] = {}
     if training_args.do_eval:
-        os.makedirs(training_args.output_dir, exist_ok=True)
         for split in spec.eval_splits:
             metrics = {**trainer.evaluate(eval_dataset=encoded[split]), "eval_samples": len(encoded[split])}
             suffix = "_mm" if split == "validation_mismatched" else ""
