@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -62,6 +63,8 @@ class MinimaxTrainer(Trainer):
         self._train_sums = torch.zeros(2 * self.num_tasks)
         self._eval_sums = torch.zeros(2 * self.num_tasks)
         self._shared_params: list[torch.nn.Parameter] | None = None
+        #: writes the run's model card; ``None`` keeps the Trainer's default card (see :meth:`create_model_card`)
+        self.card_renderer: Callable[[], Any] | None = None
         if self.weighting.parameters():
             self.add_callback(_LearnableWeightsCallback(self))
 
@@ -273,6 +276,13 @@ class MinimaxTrainer(Trainer):
             }
             with open(path, "w") as f:
                 json.dump(state, f, indent=1)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Write ``card_renderer``'s card if one is set (``push_to_hub`` calls this too), else the Trainer's card."""
+        if self.card_renderer is None:
+            super().create_model_card(*args, **kwargs)
+        elif self.is_world_process_zero():
+            self.card_renderer()
 
     def load_weighting_state(self, checkpoint_dir: str) -> None:
         """Restore the strategy's state from a checkpoint written by :meth:`save_model`."""

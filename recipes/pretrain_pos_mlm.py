@@ -1,0 +1,449 @@
+#!/usr/bin/env python
+"""Task-robust masked-LM pre-training over part-of-speech tasks (PoS-BERT), in the conventions of HF's run_mlm.py.
+
+    accelerate launch recipes/pretrain_pos_mlm.py --config recipes/configs/demo.yaml [--max_steps 100 ...]
+
+Every option can come from the ``--config`` YAML/JSON file and be overridden on the command line. The run writes into
+``output_dir``: the model (safetensors), config and tokenizer (or a peft adapter), ``task_report.json``,
+``task_weights.png``, a model card (README.md), ``*_results.json`` and the Trainer's checkpoints; it resumes from the
+last checkpoint in ``output_dir`` when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import datasets
+import transformers
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertTokenizerFast,
+    HfArgumentParser,
+    default_data_collator,
+    set_seed,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.card import EWT_DATA, render_model_card
+from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.glue.config import load_config_file, parse_with_config
+from robust_pretrain.hub import push_or_explain
+from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, plot_task_trajectories, task_report, write_task_report
+
+logger = logging.getLogger("pretrain_pos_mlm")
+
+RUN_CONFIG_NAME = "run_config.json"
+# Settings that must agree between a run and the checkpoints it resumes from.
+RESUME_KEYS = (
+    "model_name_or_path",
+    "model_size",
+    "tokenizer_name",
+    "use_lora",
+    "max_seq_length",
+    "task_spec",
+    "masking",
+    "weighting",
+    "task_names",
+)
+MODEL_SIZES = {  # from-scratch BERT presets: layers, hidden, heads, intermediate
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "medium": (8, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+}
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Checkpoint (local dir or Hub id) to continue pre-training; it must load with "
+            "AutoModelForMaskedLM. Leave unset to train a BERT from scratch (see model_size)."
+        },
+    )
+    model_size: str = field(
+        default="tiny", metadata={"help": "From-scratch BERT preset.", "choices": list(MODEL_SIZES)}
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fast tokenizer to use (default: the checkpoint's; from scratch: a WordPiece tokenizer "
+            "trained on the training text)."
+        },
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of a tokenizer trained from scratch."})
+    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["query", "value"], metadata={"help": "Module names that get LoRA adapters."}
+    )
+    merge_lora: bool = field(
+        default=False, metadata={"help": "Also save the base model with the adapters merged into output_dir/merged."}
+    )
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset on the Hub (datasets.load_dataset)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of dataset_name."})
+    train_file: str | None = field(
+        default=None, metadata={"help": "Training text: .txt, .json/.jsonl, .csv or .parquet."}
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Held-out text, same formats as train_file."})
+    text_column_name: str = field(default="text", metadata={"help": "Column holding the raw text."})
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percent of the training data held out when there is no validation split."}
+    )
+    max_seq_length: int = field(default=128, metadata={"help": "Tokens per sequence (special tokens included)."})
+    pack: bool = field(default=True, metadata={"help": "Concatenate texts and cut them into max_seq_length blocks."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tagging."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the tagged datasets."})
+    task_spec: str | None = field(
+        default=None,
+        metadata={"help": "YAML file mapping task name -> UPOS tags (default: the paper's nine PoS tasks)."},
+    )
+    tagger: str = field(default="shipped", metadata={"help": "PoS tagger backend: 'shipped' or 'nltk'."})
+    masking: str = field(
+        default="per_token",
+        metadata={
+            "help": "'per_token': mask words of every task; 'per_example': one task per sequence.",
+            "choices": ["per_token", "per_example"],
+        },
+    )
+    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of task words masked."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the held-out set."})
+    eval_masking_seed: int = field(
+        default=1234,
+        metadata={
+            "help": "Seed of the held-out masks, fixed once so every evaluation and every run sees the same targets."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Start afresh even if output_dir holds checkpoints (they are deleted)."}
+    )
+
+
+def _task_spec_from_argv(argv: list[str]) -> str | None:
+    """--task_spec from the command line or the --config file: task_names default to the spec's task names."""
+    spec = None
+    if "--config" in argv:
+        spec = load_config_file(argv[argv.index("--config") + 1]).get("task_spec")
+    if "--task_spec" in argv:
+        spec = argv[argv.index("--task_spec") + 1]
+    return spec
+
+
+def check_output_dir(
+    model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments
+) -> str | None:
+    """The checkpoint to resume from, or None; refuses checkpoints of a different run before anything trains."""
+    output_dir = Path(training_args.output_dir)
+    if not output_dir.is_dir() or data_args.overwrite_output_dir:
+        return None
+    last = get_last_checkpoint(str(output_dir))
+    if last is None:
+        return None
+    saved = output_dir / RUN_CONFIG_NAME
+    if not saved.is_file():
+        raise ValueError(
+            f"{output_dir} holds checkpoints ({Path(last).name}) of a run this recipe did not start; "
+            "choose another --output_dir or pass --overwrite_output_dir true"
+        )
+    previous = json.loads(saved.read_text())
+    current = run_config(model_args, data_args, training_args)
+    differing = [k for k in RESUME_KEYS if previous.get(k) != current.get(k)]
+    if differing:
+        details = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
+        raise ValueError(
+            f"{output_dir} holds checkpoints of another run ({details}); choose another --output_dir "
+            "or pass --overwrite_output_dir true"
+        )
+    return last
+
+
+def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments) -> dict:
+    keep = set(asdict(model_args)) | set(asdict(data_args))
+    config = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k in keep}
+    config.update(training_args.weighting_options())
+    config.update(weighting=training_args.weighting, task_names=list(training_args.task_names), seed=training_args.seed)
+    return config
+
+
+def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> DatasetDict:
+    """Embedded UD-EWT text by default, else a Hub dataset or local files; always a train and a validation split."""
+    if data_args.dataset_name is not None:
+        raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
+    elif data_args.train_file is not None:
+        files = {"train": data_args.train_file}
+        if data_args.validation_file is not None:
+            files["validation"] = data_args.validation_file
+        for path in files.values():
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"data file not found: {path}")
+        extension = Path(data_args.train_file).suffix.lstrip(".")
+        builder = {"txt": "text", "jsonl": "json"}.get(extension, extension)
+        if builder not in ("text", "json", "csv", "parquet"):
+            raise ValueError(f"train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
+        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir)
+    else:
+        raw = DatasetDict({"train": load_embedded_corpus("train"), "validation": load_embedded_corpus("test")})
+    if "validation" not in raw:
+        if "test" in raw:
+            raw["validation"] = raw["test"]
+        else:
+            split = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100, seed=0)
+            raw = DatasetDict({"train": split["train"], "validation": split["test"]})
+    for name in ("train", "validation"):
+        if data_args.text_column_name not in raw[name].column_names:
+            raise ValueError(
+                f"the {name} data has no text column {data_args.text_column_name!r} "
+                f"(columns: {raw[name].column_names}); set --text_column_name"
+            )
+    return raw
+
+
+def train_wordpiece_tokenizer(texts: list[str], vocab_size: int) -> BertTokenizerFast:
+    """An uncased BERT WordPiece tokenizer trained on ``texts``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=512)
+
+
+def load_tokenizer(model_args: ModelArguments, training_args: MinimaxTrainingArguments, texts: list[str]):
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is None and (Path(training_args.output_dir) / "tokenizer.json").is_file():
+        name = training_args.output_dir  # resuming a from-scratch run: keep its vocabulary
+    if name is not None:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        if not tokenizer.is_fast:
+            raise ValueError(f"{name} has no fast tokenizer; PoS alignment needs character offsets")
+        return tokenizer
+    with training_args.main_process_first(desc="training the WordPiece tokenizer"):
+        tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size)
+    return tokenizer
+
+
+def load_model(model_args: ModelArguments, tokenizer, max_seq_length: int):
+    if model_args.model_name_or_path is None:
+        layers, hidden, heads, intermediate = MODEL_SIZES[model_args.model_size]
+        config = BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=max(512, max_seq_length),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = BertForMaskedLM(config)
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        try:
+            model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path)
+        except ValueError as error:
+            raise ValueError(
+                f"{model_args.model_name_or_path} ({config.model_type}) has no masked-LM head "
+                "that AutoModelForMaskedLM can load"
+            ) from error
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+    if model_args.use_lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            target_modules=model_args.lora_target_modules,
+        )
+        model = get_peft_model(model, lora)
+    return model
+
+
+def premask(dataset: Dataset, collator: TaskGroupedMLMCollator, max_seq_length: int, pad_id: int) -> Dataset:
+    """Apply the masking once (fixed seed) and store the result, so every evaluation scores the same targets."""
+    columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "task_ids": []}
+    fill = {"input_ids": pad_id, "attention_mask": 0, "labels": -100, "task_ids": -100}
+    for start in range(0, len(dataset), 256):
+        batch = collator([dataset[i] for i in range(start, min(start + 256, len(dataset)))])
+        for key, values in columns.items():
+            for row in batch[key].tolist():
+                values.append(row + [fill[key]] * (max_seq_length - len(row)))
+    return Dataset.from_dict(columns)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = TaskSpec.resolve(_task_spec_from_argv(argv))
+    parser = HfArgumentParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
+    parser.set_defaults(task_names=spec.task_names, report_to=[], save_total_limit=3)
+    model_args, data_args, training_args = parse_with_config(parser, argv)
+    if list(training_args.task_names) != spec.task_names:
+        raise ValueError(f"task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
+
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO,
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    logger.info(
+        "weighting=%s tasks=%s output_dir=%s", training_args.weighting, spec.task_names, training_args.output_dir
+    )
+
+    last_checkpoint = check_output_dir(model_args, data_args, training_args)
+    if data_args.overwrite_output_dir and Path(training_args.output_dir).is_dir() and training_args.should_save:
+        for checkpoint in Path(training_args.output_dir).glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)
+    set_seed(training_args.seed)
+
+    raw = load_raw_datasets(data_args, cache_dir=None)
+    tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name])
+    model = load_model(model_args, tokenizer, data_args.max_seq_length)
+
+    with training_args.main_process_first(desc="tokenizing and PoS-tagging"):
+        tagged = {
+            name: tokenize_and_tag(
+                raw[name],
+                tokenizer,
+                spec,
+                data_args.tagger,
+                text_column=data_args.text_column_name,
+                max_seq_length=data_args.max_seq_length,
+                pack=data_args.pack,
+                num_proc=data_args.preprocessing_num_workers,
+                load_from_cache_file=not data_args.overwrite_cache,
+            )
+            for name in ("train", "validation")
+        }
+    train_dataset, eval_dataset = tagged["train"], tagged["validation"]
+    if data_args.max_train_samples is not None:
+        train_dataset = train_dataset.select(range(min(data_args.max_train_samples, len(train_dataset))))
+    if data_args.max_eval_samples is not None:
+        eval_dataset = eval_dataset.select(range(min(data_args.max_eval_samples, len(eval_dataset))))
+
+    def collator(seed: int) -> TaskGroupedMLMCollator:
+        return TaskGroupedMLMCollator(
+            tokenizer,
+            spec,
+            mode=data_args.masking,
+            mlm_probability=data_args.mlm_probability,
+            pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
+            seed=seed,
+        )
+
+    eval_dataset = premask(
+        eval_dataset, collator(data_args.eval_masking_seed), data_args.max_seq_length, tokenizer.pad_token_id
+    )
+    train_collator = collator(training_args.seed + training_args.process_index)
+
+    def collate(features: list[dict]) -> dict:
+        """Held-out features are already masked; training features are masked on the fly."""
+        return default_data_collator(features) if "labels" in features[0] else train_collator(features)
+
+    if training_args.should_save:
+        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(training_args.output_dir) / RUN_CONFIG_NAME).write_text(
+            json.dumps(run_config(model_args, data_args, training_args), indent=2) + "\n"
+        )
+    trainer = MinimaxTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=collate,
+    )
+    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last_checkpoint)
+    trainer.save_model()
+    trainer.log_metrics("train", train_result.metrics)
+    trainer.save_metrics("train", train_result.metrics)
+    trainer.save_state()
+
+    eval_metrics = trainer.evaluate()
+    trainer.log_metrics("eval", eval_metrics)
+    trainer.save_metrics("eval", eval_metrics)
+
+    settings = {
+        "weighting": training_args.weighting,
+        "settings": {
+            "weighting": training_args.weighting,
+            **training_args.weighting_options(),
+            "masking": data_args.masking,
+            "mlm_probability": data_args.mlm_probability,
+            "max_seq_length": data_args.max_seq_length,
+            "max_steps": trainer.state.max_steps,
+            "learning_rate": training_args.learning_rate,
+            "per_device_train_batch_size": training_args.per_device_train_batch_size,
+            "seed": training_args.seed,
+            "processes": training_args.world_size,
+        },
+    }
+    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, settings)
+    if training_args.should_save:
+        output_dir = Path(training_args.output_dir)
+        write_task_report(report, output_dir)
+        plot_task_trajectories(spec.task_names, trainer.state.log_history, output_dir / TRAJECTORY_PLOT_NAME)
+        base = trainer.accelerator.unwrap_model(trainer.model)
+        trainer.card_renderer = lambda: render_model_card(
+            output_dir,
+            report,
+            spec.to_dict(),
+            model_name=training_args.hub_model_id or output_dir.name,
+            architecture=type(base.get_base_model() if model_args.use_lora else base).__name__,
+            repo_or_path=training_args.hub_model_id or str(output_dir),
+            base_model=model_args.model_name_or_path,
+            training_data=EWT_DATA
+            if data_args.dataset_name is None and data_args.train_file is None
+            else f"{data_args.dataset_name or data_args.train_file} (see its own license).",
+            datasets=[data_args.dataset_name] if data_args.dataset_name else None,
+            tagger=f"the `{data_args.tagger}` tagger backend",
+            plot=TRAJECTORY_PLOT_NAME,
+        )
+        trainer.create_model_card()
+        if model_args.use_lora and model_args.merge_lora:
+            merged = base.merge_and_unload()
+            merged.save_pretrained(output_dir / "merged")
+            tokenizer.save_pretrained(output_dir / "merged")
+    if training_args.push_to_hub:
+        push_or_explain(
+            lambda: trainer.push_to_hub(blocking=True),
+            output_dir=training_args.output_dir,
+            repo_id=training_args.hub_model_id,
+        )
+    return {**eval_metrics, "report": report}
+
+
+if __name__ == "__main__":
+    main()
