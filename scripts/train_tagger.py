@@ -21,9 +21,8 @@ def accuracy(tagger: VectorizedPerceptron, conllu_path: Path) -> tuple[float, in
     """Token-level UPOS accuracy of ``tagger`` on gold-tokenised sentences."""
     sentences = list(read_conllu(conllu_path))
     predicted = tagger.tag([s.words for s in sentences])
-    correct = sum(p == g for s, tags in zip(sentences, predicted, strict=True) for p, g in zip(tags, s.upos, strict=True))
-    total = sum(len(s.upos) for s in sentences)
-    return correct / total, total
+    pairs = [(p, g) for s, tags in zip(sentences, predicted, strict=True) for p, g in zip(tags, s.upos, strict=True)]
+    return sum(p == g for p, g in pairs) / len(pairs), len(pairs)
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def _binomial_tolerance(p: float, n: int, sigmas: float = 5.0) -> float:
 def test_per_token_rate_whole_words_and_80_10_10(tokenizer, features):
     collator = TaskGroupedMLMCollator(tokenizer, seed=0)
     task_words = chosen_words = targets = masked = kept = 0
-    for (original, attention, special, word_ids, token_tasks), batch in _batches(features, collator, passes=2):
+    for (original, _, _, word_ids, token_tasks), batch in _batches(features, collator, passes=2):
         assert set(batch) == {"input_ids", "attention_mask", "labels", "task_ids"}
         assert all(v.dtype == torch.long and v.shape == original.shape for v in batch.values())
         target = batch["labels"] != -100

@@ -33,7 +33,8 @@ def rule_tagger(texts: list[str]) -> list[list[tuple[int, int, str]]]:
         words = []
         for start, end in word_spans(text):
             word = text[start:end].lower()
-            tag = "PART" if word in ("n't", "n’t") else "AUX" if word == "do" else "NOUN" if word[0].isalpha() else "PUNCT"
+            tag = "PART" if word in ("n't", "n’t") else "AUX" if word == "do" else "PUNCT"
+            tag = "NOUN" if tag == "PUNCT" and word[0].isalpha() else tag
             words.append((start, end, tag))
         tagged.append(words)
     return tagged

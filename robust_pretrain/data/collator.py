@@ -24,9 +24,10 @@ class TaskGroupedMLMCollator:
         word), so about that fraction of task words is masked; each target carries its own word's task id.
         ``per_example``: each sequence gets one task, present in it, and only that task's words are masked, in random
         order, skipping words that would exceed ``round(mlm_probability * non-special tokens)`` target tokens (the
-        first word is always taken; fewer targets if the task has fewer tokens). Tasks are balanced within the batch: a maximum matching first gives
-        every task present in the batch its own sequence (so with batch size >= number of tasks every task the data
-        holds appears), then each remaining sequence takes its least-covered task (rarer tasks first on ties).
+        first word is always taken; fewer targets if the task has fewer tokens). Tasks are balanced within the
+        batch: a maximum matching first gives every task present in the batch its own sequence (so with batch size
+        >= number of tasks every task the data holds appears), then each remaining sequence takes its least-covered
+        task (rarer tasks first on ties).
 
     Targets are replaced by the mask token with ``mask_replace_prob``, by a random token with
     ``random_replace_prob`` and kept otherwise (80/10/10). Words of no task (punctuation, numbers, ...), special
@@ -163,7 +164,8 @@ class TaskGroupedMLMCollator:
         word_tasks[:, -1] = -1
         assigned = self.assign_tasks(word_tasks)
         eligible = (word_tasks == assigned[:, None]) & (assigned[:, None] >= 0)
-        word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long).scatter_add_(1, columns, torch.ones_like(columns))
+        word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long)
+        word_lengths.scatter_add_(1, columns, torch.ones_like(columns))
         priority = torch.where(eligible, torch.rand(word_tasks.shape, generator=self.generator), 2.0)
         order = priority.argsort(dim=1)  # eligible words first, in random order
         sorted_eligible = eligible.gather(1, order)

@@ -13,7 +13,7 @@ import gzip
 import json
 import random
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -302,8 +302,8 @@ class VectorizedPerceptron:
         return [[self.classes[k] for k in ids] for ids in self.tag_ids(sentences)]
 
 
-def reference_tag(model: dict, words: Sequence[str]) -> list[str]:
-    """Tag one sentence with NLTK's pure-Python ``AveragedPerceptron.predict`` (slow; for parity checks)."""
+def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:
+    """A one-sentence tagger using NLTK's pure-Python ``AveragedPerceptron.predict`` (slow; for parity checks)."""
     from nltk.tag.perceptron import AveragedPerceptron
 
     perceptron = AveragedPerceptron()
@@ -312,12 +312,16 @@ def reference_tag(model: dict, words: Sequence[str]) -> list[str]:
     for row, col, value in zip(model["rows"], model["cols"], model["values"], strict=True):
         weights[model["features"][row]][model["classes"][col]] = value
     perceptron.weights = dict(weights)
-    prev, prev2 = START
-    tags = []
-    for i, word in enumerate(words):
-        tag = model["tagdict"].get(word)
-        if tag is None:
-            tag, _ = perceptron.predict(dict.fromkeys(sentence_features(words, i, prev, prev2), 1))
-        tags.append(tag)
-        prev2, prev = prev, tag
-    return tags
+
+    def tag(words: Sequence[str]) -> list[str]:
+        prev, prev2 = START
+        tags = []
+        for i, word in enumerate(words):
+            predicted = model["tagdict"].get(word)
+            if predicted is None:
+                predicted, _ = perceptron.predict(dict.fromkeys(sentence_features(words, i, prev, prev2), 1))
+            tags.append(predicted)
+            prev2, prev = prev, predicted
+        return tags
+
+    return tag
