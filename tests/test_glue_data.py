@@ -241,3 +241,19 @@ def test_help_renders_for_both_recipes(capsys: pytest.CaptureFixture[str]) -> No
         assert exit_info.value.code == 0
     help_text = capsys.readouterr().out
     assert "--lora_target_modules" in help_text and "--checkpoints" in help_text and "paper: 6%" in help_text
+
+
+def test_shipped_configs_parse() -> None:
+    from robust_pretrain.glue.suite import GlueSuiteArguments
+
+    configs = Path(__file__).resolve().parents[1] / "recipes" / "configs"
+    required = ["--model_name_or_path", "m", "--task_name", "rte"]
+    _, data, _, training = parse_with_config(
+        _finetune_parser(), ["--config", str(configs / "glue_finetune.yaml"), *required]
+    )
+    assert (training.learning_rate, training.warmup_steps, data.max_seq_length) == (2e-5, 0.06, 128)
+    parser = HfArgumentParser((GlueSuiteArguments, GlueDataArguments, LoraArguments, GlueTrainingArguments))
+    argv = ["--config", str(configs / "glue_suite_local.yaml"), "--checkpoints", "a", "b", "--seeds", "1"]
+    suite_args, data, _, training = parse_with_config(parser, argv)
+    assert suite_args.tasks == ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"] and suite_args.seeds == [1]
+    assert (training.num_train_epochs, data.glue_dir) == (3, "/work/shared/data/glue")
