@@ -217,3 +217,27 @@ def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monk
     assert "Δ worst" in (tmp_path / "suite" / "glue_suite.md").read_text()
     suite.main(argv)
     assert len(calls) == 4
+
+
+def test_checkpoint_spellings_and_label_collisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for run in ("a", "b"):
+        (tmp_path / run / "final").mkdir(parents=True)
+        (tmp_path / run / "final" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    args = GlueSuiteArguments(checkpoints=["a/final", "b/final"], baseline=str(tmp_path / "a" / "final"), tasks=["rte"])
+    assert args.checkpoints == ["a/final", "b/final"] and args.baseline == "a/final"
+    with pytest.raises(ValueError, match="--checkpoints has duplicates"):
+        GlueSuiteArguments(checkpoints=["a/final", "./a/final"], tasks=["rte"])
+    cells = [
+        {
+            "checkpoint": name,
+            "task": "rte",
+            "seed": 1,
+            "primary_score": score,
+            "eval_metrics": {"eval_accuracy": score / 100},
+        }
+        for name, score in (("a/final", 50.0), ("b/final", 60.0))
+    ]
+    summary = suite.summarize(cells, ["rte"], [1], "a/final")
+    assert [entry["label"] for entry in summary["checkpoints"].values()] == ["a/final", "b/final"]
+    assert "| b/final | +10.0 | +10.0 | +10.0 |" in suite.render_markdown(summary)

@@ -84,9 +84,12 @@ class GlueSuiteArguments:
         if not self.tasks or not self.seeds or not self.checkpoints:
             raise ValueError("--checkpoints, --tasks and --seeds each need at least one value")
         identities = [checkpoint_identity(checkpoint) for checkpoint in self.checkpoints]
-        if self.baseline is not None and checkpoint_identity(self.baseline) not in identities:
-            self.checkpoints = [self.baseline, *self.checkpoints]
-            identities.insert(0, checkpoint_identity(self.baseline))
+        if self.baseline is not None:
+            if checkpoint_identity(self.baseline) in identities:  # same checkpoint, possibly spelled differently
+                self.baseline = self.checkpoints[identities.index(checkpoint_identity(self.baseline))]
+            else:
+                self.checkpoints = [self.baseline, *self.checkpoints]
+                identities.insert(0, checkpoint_identity(self.baseline))
         for name, values in (("checkpoints", identities), ("tasks", self.tasks), ("seeds", self.seeds)):
             if len(set(values)) != len(values):
                 raise ValueError(f"--{name} has duplicates: {getattr(self, name)}")
@@ -184,7 +187,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(cells: list[dict[str, Any]], tasks: list[str], baseline: str | None) -> dict[str, Any]:
+def summarize(cells: list[dict[str, Any]], tasks: list[str], seeds: list[int], baseline: str | None) -> dict[str, Any]:
     """Aggregate cells into per-checkpoint task means/stds (0-100), average, worst task and deltas vs baseline."""
     checkpoints: dict[str, Any] = {}
     for cell in cells:
@@ -219,7 +222,7 @@ def summarize(cells: list[dict[str, Any]], tasks: list[str], baseline: str | Non
                 "average": entry["average"] - base["average"],
                 "worst_score": entry["worst_score"] - base["worst_score"],
             }
-    return {"tasks": tasks, "baseline": baseline, "checkpoints": checkpoints}
+    return {"tasks": tasks, "seeds": seeds, "baseline": baseline, "checkpoints": checkpoints}
 
 
 def _task_header(task: str) -> str:
@@ -231,11 +234,11 @@ def _signed(value: float) -> str:
     return f"{value:+.1f}"
 
 
-def render_markdown(summary: dict[str, Any], seeds: list[int]) -> str:
+def render_markdown(summary: dict[str, Any]) -> str:
     """Markdown tables: scores (mean ± std over seeds) with average and worst task, then deltas vs the baseline."""
     tasks = summary["tasks"]
     lines = [
-        f"GLUE dev scores x100, mean ± std over seeds {seeds}; worst = task with the lowest mean primary score.",
+        f"GLUE dev scores x100, mean ± std over seeds {summary['seeds']}; worst task = lowest mean primary score.",
         "",
         "| checkpoint | " + " | ".join(_task_header(task) for task in tasks) + " | average | worst task |",
         "|---" * (len(tasks) + 3) + "|",
@@ -342,10 +345,9 @@ def run_suite(
         for task in suite_args.tasks
         for seed in suite_args.seeds
     ]
-    summary = summarize(cells, suite_args.tasks, suite_args.baseline)
-    summary["seeds"] = suite_args.seeds
+    summary = summarize(cells, suite_args.tasks, suite_args.seeds, suite_args.baseline)
     _write_json(output_dir / "glue_suite.json", summary)
-    (output_dir / "glue_suite.md").write_text(render_markdown(summary, suite_args.seeds), encoding="utf-8")
+    (output_dir / "glue_suite.md").write_text(render_markdown(summary), encoding="utf-8")
     if suite_args.update_model_cards:
         method = "lora" if lora_args.use_lora else "full"
         for checkpoint, entry in summary["checkpoints"].items():
@@ -364,5 +366,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     suite_args, data_args, lora_args, training_args = parse_with_config(parser, argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     summary = run_suite(suite_args, data_args, lora_args, training_args)
-    print(render_markdown(summary, suite_args.seeds))
+    print(render_markdown(summary))
     return summary
