@@ -257,3 +257,20 @@ def test_shipped_configs_parse() -> None:
     suite_args, data, _, training = parse_with_config(parser, argv)
     assert suite_args.tasks == ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"] and suite_args.seeds == [1]
     assert (training.num_train_epochs, data.glue_dir) == (3, "/work/shared/data/glue")
+
+
+def test_hub_path_keeps_train_and_eval_splits_and_checks_labels(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from robust_pretrain.glue import data
+
+    local = load_glue("rte", shared_data / "glue")
+    hub = datasets.DatasetDict({**local, "test": local["validation"]})
+    requested = []
+    monkeypatch.setattr(data.hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(data.datasets, "load_dataset", lambda *args, **kwargs: requested.append(args) or hub)
+    assert list(load_glue("rte")) == ["train", "validation"]
+    assert requested == [("nyu-mll/glue", "rte")]
+    hub["validation"] = hub["validation"].cast_column("label", datasets.ClassLabel(names=["yes", "no"]))
+    with pytest.raises(ValueError, match="nyu-mll/glue/rte validation: features"):
+        load_glue("rte")
