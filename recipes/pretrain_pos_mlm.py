@@ -38,7 +38,7 @@ from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.card import EWT_DATA, render_model_card
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
 from robust_pretrain.glue.config import load_config_file, parse_with_config
-from robust_pretrain.hub import push_or_explain
+from robust_pretrain.hub import explain_hub_errors, push_or_explain
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, plot_task_trajectories, task_report, write_task_report
 
 logger = logging.getLogger("pretrain_pos_mlm")
@@ -377,14 +377,15 @@ def main(argv: list[str] | None = None) -> dict:
         (Path(training_args.output_dir) / RUN_CONFIG_NAME).write_text(
             json.dumps(run_config(model_args, data_args, training_args), indent=2) + "\n"
         )
-    trainer = MinimaxTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        data_collator=collate,
-    )
+    with explain_hub_errors(training_args.output_dir, training_args.hub_model_id):  # push_to_hub creates the repo
+        trainer = MinimaxTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            data_collator=collate,
+        )
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last_checkpoint)
     trainer.save_model()
     trainer.log_metrics("train", train_result.metrics)

@@ -1,9 +1,27 @@
-"""robust-pretrain: task-robust (worst-case) pre-training on top of the Hugging Face Trainer."""
+"""robust-pretrain: task-robust (worst-case) pre-training on top of the Hugging Face Trainer.
+
+The trainer and its arguments import transformers; they load on first access so that light entry points (the
+``robust-pretrain-publish`` command, tagging workers) start fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .trainer import MinimaxTrainer
-from .training_args import MinimaxTrainingArguments
-from .weighting import WEIGHTINGS, Weighting, build_weighting
+_LAZY = {
+    "MinimaxTrainer": "robust_pretrain.trainer",
+    "MinimaxTrainingArguments": "robust_pretrain.training_args",
+    "WEIGHTINGS": "robust_pretrain.weighting",
+    "Weighting": "robust_pretrain.weighting",
+    "build_weighting": "robust_pretrain.weighting",
+}
+__all__ = sorted(_LAZY)
 
-__all__ = ["WEIGHTINGS", "MinimaxTrainer", "MinimaxTrainingArguments", "Weighting", "build_weighting"]
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
