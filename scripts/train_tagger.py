@@ -10,19 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from robust_pretrain.data.conllu import read_conllu
+from robust_pretrain.data.conllu import read_conllu, upos_accuracy
 from robust_pretrain.data.perceptron import VectorizedPerceptron, save_model, train_perceptron
 from robust_pretrain.data.taggers import SHIPPED_MODEL_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def accuracy(tagger: VectorizedPerceptron, conllu_path: Path) -> tuple[float, int]:
-    """Token-level UPOS accuracy of ``tagger`` on gold-tokenised sentences."""
-    sentences = list(read_conllu(conllu_path))
-    predicted = tagger.tag([s.words for s in sentences])
-    pairs = [(p, g) for s, tags in zip(sentences, predicted, strict=True) for p, g in zip(tags, s.upos, strict=True)]
-    return sum(p == g for p, g in pairs) / len(pairs), len(pairs)
 
 
 def main() -> None:
@@ -42,8 +34,9 @@ def main() -> None:
     print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.2f} MB)")
     tagger = VectorizedPerceptron(model)
     for split in ("dev", "test"):
-        score, total = accuracy(tagger, args.ud_dir / f"en_ewt-ud-{split}.conllu")
-        print(f"UPOS accuracy on EWT {split}: {score:.4f} ({total} words)")
+        sentences = list(read_conllu(args.ud_dir / f"en_ewt-ud-{split}.conllu"))
+        score = upos_accuracy(tagger.tag([s.words for s in sentences]), sentences)
+        print(f"UPOS accuracy on EWT {split}: {score:.4f} ({sum(len(s.words) for s in sentences)} words)")
 
 
 if __name__ == "__main__":

@@ -59,3 +59,11 @@ def read_conllu(path: str | Path) -> Iterator[ConlluSentence]:
         if text is None:
             raise ValueError(f"{path}: last sentence has no '# text =' comment")
         yield ConlluSentence(text, doc_id, paragraph_id, words, upos)
+
+
+def upos_accuracy(predicted: list[list[str]], sentences: list[ConlluSentence]) -> float:
+    """Fraction of words whose predicted tag equals the gold UPOS (one tag list per sentence, same order)."""
+    pairs = [(p, g) for tags, s in zip(predicted, sentences, strict=True) for p, g in zip(tags, s.upos, strict=True)]
+    if not pairs:
+        raise ValueError("no words to score")
+    return sum(p == g for p, g in pairs) / len(pairs)

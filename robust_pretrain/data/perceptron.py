@@ -299,7 +299,8 @@ class VectorizedPerceptron:
 
     def tag(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
         """Tag strings for each word of each sentence."""
-        return [[self.classes[k] for k in ids] for ids in self.tag_ids(sentences)]
+        names = np.asarray(self.classes, dtype=object)
+        return [names[ids].tolist() for ids in self.tag_ids(sentences)]
 
 
 def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:

@@ -16,7 +16,8 @@ _WORD_CHAR = r"[^\W_]|[\u0300-\u036f]"
 _CLITIC = r"['’](?:s|re|ve|ll|m|d)(?![^\W_])"
 _TOKEN_PATTERN = re.compile(
     rf"""
-    (?:https?://|www\.)[^\s<>"]*[^\s<>".,;:!?'’)\]}}]     # URL (trailing punctuation left out)
+    [^\W\d_]+(?=[\s,;!?")\]]|\.(?:\s|$)|$)                  # fast path: plain letters, then space/punctuation
+    | (?:https?://|www\.)[^\s<>"]*[^\s<>".,;:!?'’)\]}}]     # URL (trailing punctuation left out)
     | [\w.+-]+@\w[\w-]*(?:\.\w[\w-]*)+                    # e-mail address
     | (?:{_LETTER}\.){{2,}}                               # dotted abbreviation: U.S., e.g.
     | \d+(?:[.,:/]\d+)+                                   # number with internal separators
