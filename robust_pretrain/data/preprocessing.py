@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,7 @@ FEATURES = Features(
 outside any word. ``token_task_ids``: task id of the token's word, -1 for special tokens and non-task words."""
 
 _TRANSFORM_VERSION = "tokenize_and_tag/1"
+_WHITESPACE = re.compile(r"\s")
 
 
 def align_tokens_to_words(
@@ -70,7 +72,6 @@ class _TokenizeAndTag:
         for row, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"column {self.text_column!r} must hold strings; row {row} is {type(text).__name__}")
-        tagged = self.tagger(texts)
         encoded = self.tokenizer(
             texts,
             add_special_tokens=not self.pack,
@@ -81,6 +82,10 @@ class _TokenizeAndTag:
             return_attention_mask=False,
             verbose=False,
         )
+        if self.pack:
+            tagged = self.tagger(texts)
+        else:  # tag only what survives truncation
+            tagged = self.tagger([_covered_prefix(t, o) for t, o in zip(texts, encoded["offset_mapping"], strict=True)])
         rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
         for ids, offsets, special, words in zip(
             encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], tagged, strict=True
@@ -126,6 +131,15 @@ class _TokenizeAndTag:
         return blocks
 
 
+def _covered_prefix(text: str, offsets: Sequence[tuple[int, int]]) -> str:
+    """The start of ``text`` that its (possibly truncated) tokens cover, extended to the end of the last word."""
+    end = max((token_end for _, token_end in offsets), default=0)
+    if end >= len(text):
+        return text
+    whitespace = _WHITESPACE.search(text, end)
+    return text[: whitespace.start()] if whitespace else text
+
+
 def _renumber(token_words: list[int]) -> list[int]:
     """Map word indices to 0, 1, ... in order of first appearance (-1 stays -1)."""
     new_ids: dict[int, int] = {}
@@ -159,7 +173,8 @@ def tokenize_and_tag(
         spec: task specification (``TaskSpec``, mapping, YAML path, or ``None`` for the nine default PoS tasks).
         tagger: ``"shipped"`` (default), ``"nltk"``, or a callable backend (see :func:`get_tagger`).
         max_seq_length: tokens per sequence, special tokens included; default ``min(model_max_length, 512)``.
-            Without packing longer texts are truncated.
+            Without packing longer texts are truncated, and only the part of a text that survives truncation is
+            tagged (up to the end of the word the last token falls in).
         pack: concatenate the texts of each map batch and cut them into ``max_seq_length`` blocks.
         num_proc: worker processes for an eager ``Dataset`` (ignored for streaming).
         batch_size: texts per map batch (packing happens within a batch).

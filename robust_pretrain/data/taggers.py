@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 
 from robust_pretrain.data.perceptron import VectorizedPerceptron, load_model
 from robust_pretrain.data.tasks import UPOS_TAGS
-from robust_pretrain.data.word_tokenizer import word_spans
+from robust_pretrain.data.word_tokenizer import sentence_ranges, word_spans
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent / "resources" / "upos_perceptron_ewt.json.gz"
 
@@ -43,7 +43,8 @@ class Tagger(Protocol):
 class ShippedTagger:
     """Averaged-perceptron UPOS tagger trained on UD English-EWT (the default backend).
 
-    Words come from :func:`~robust_pretrain.data.word_tokenizer.word_spans`. The model loads lazily, once per
+    Words come from :func:`~robust_pretrain.data.word_tokenizer.word_spans`; each sentence (see
+    :func:`~robust_pretrain.data.word_tokenizer.sentence_ranges`) is tagged on its own. The model loads lazily, once per
     process; pickling carries only the model path, so the tagger is cheap to send to ``datasets`` workers.
     """
 
@@ -66,12 +67,19 @@ class ShippedTagger:
 
     def __call__(self, texts: Sequence[str]) -> list[list[TaggedWord]]:
         spans = [word_spans(text) for text in texts]
-        words = [[text[start:end] for start, end in text_spans] for text, text_spans in zip(texts, spans, strict=True)]
-        tags = self.model.tag(words)
-        return [
-            [(start, end, tag) for (start, end), tag in zip(text_spans, text_tags, strict=True)]
-            for text_spans, text_tags in zip(spans, tags, strict=True)
-        ]
+        sentences: list[list[str]] = []
+        sentence_counts = []
+        for text, text_spans in zip(texts, spans, strict=True):
+            words = [text[start:end] for start, end in text_spans]
+            ranges = sentence_ranges(words)
+            sentences.extend(words[start:end] for start, end in ranges)
+            sentence_counts.append(len(ranges))
+        sentence_tags = iter(self.model.tag(sentences))
+        tagged = []
+        for text_spans, count in zip(spans, sentence_counts, strict=True):
+            text_tags = [tag for _ in range(count) for tag in next(sentence_tags)]
+            tagged.append([(start, end, tag) for (start, end), tag in zip(text_spans, text_tags, strict=True)])
+        return tagged
 
 
 def penn_to_upos(penn_tag: str) -> str:
@@ -114,7 +122,8 @@ class NltkTagger:
         tagged = []
         for text in texts:
             spans = word_spans(text)
-            penn = self._tagger.tag([text[start:end] for start, end in spans]) if spans else []
+            words = [text[start:end] for start, end in spans]
+            penn = [pair for start, end in sentence_ranges(words) for pair in self._tagger.tag(words[start:end])]
             tagged.append([(start, end, penn_to_upos(tag)) for (start, end), (_, tag) in zip(spans, penn, strict=True)])
         return tagged
 

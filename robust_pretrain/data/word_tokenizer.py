@@ -39,3 +39,19 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 def word_tokenize(text: str) -> list[str]:
     """The words of ``text`` as strings (see :func:`word_spans`)."""
     return [text[start:end] for start, end in word_spans(text)]
+
+
+def sentence_ranges(words: list[str]) -> list[tuple[int, int]]:
+    """Split a word sequence into sentences: ``[start, end)`` ranges ending after words made only of ``.!?``.
+
+    Taggers are trained on sentences, so multi-sentence texts (paragraphs) are tagged sentence by sentence.
+    """
+    ranges = []
+    start = 0
+    for index, word in enumerate(words):
+        if word.strip(".!?") == "":
+            ranges.append((start, index + 1))
+            start = index + 1
+    if start < len(words):
+        ranges.append((start, len(words)))
+    return ranges
