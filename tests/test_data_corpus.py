@@ -13,11 +13,11 @@ from robust_pretrain.data.word_tokenizer import word_tokenize
 def test_embedded_corpus_matches_the_treebank_paragraphs(shared_data):
     test = load_embedded_corpus("test")
     assert test.column_names == ["text"]
-    assert test["text"] == paragraphs(read_conllu(shared_data / "ud_ewt" / "en_ewt-ud-test.conllu"))
+    assert list(test["text"]) == paragraphs(read_conllu(shared_data / "ud_ewt" / "en_ewt-ud-test.conllu"))
     train = load_embedded_corpus("train")
     expected_train = [text for split in ("train", "dev")
                       for text in paragraphs(read_conllu(shared_data / "ud_ewt" / f"en_ewt-ud-{split}.conllu"))]
-    assert train["text"] == expected_train
+    assert list(train["text"]) == expected_train
     assert len(train) > 3000 and all(text and "\n" not in text for text in train["text"])
     with pytest.raises(ValueError, match="unknown split 'validation'"):
         load_embedded_corpus("validation")
