@@ -31,9 +31,10 @@ def parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
     if text is None:
         return None, []
     name, _, values = text.partition("=")
-    if not name or not values:
+    swept = [v for v in values.split(",") if v]
+    if not name or not swept:
         raise ValueError(f"--sweep must look like setting=v1,v2,..., got {text!r}")
-    return name, [v for v in values.split(",") if v]
+    return name, swept
 
 
 def plan_runs(strategies: list[str], sweep: str | None) -> list[tuple[str, str, dict[str, str]]]:
@@ -47,6 +48,12 @@ def plan_runs(strategies: list[str], sweep: str | None) -> list[tuple[str, str, 
             runs += [(f"{strategy}-{name}={value}", strategy, {name: value}) for value in values]
         else:
             runs.append((strategy, strategy, {}))
+    if name is not None and not any(options for _, _, options in runs):
+        takers = sorted(s for s in WEIGHTINGS if name in accepted_options(s))
+        raise ValueError(
+            f"--sweep {name!r} is a setting of none of the strategies {strategies}"
+            + (f"; it applies to {takers}" if takers else "")
+        )
     return runs
 
 
@@ -169,10 +176,14 @@ def main(argv: list[str] | None = None) -> dict:
     cli.overrides = overrides
     if cli.config and not Path(cli.config).is_file():
         parser.error(f"config file not found: {cli.config}")
+    try:
+        runs = plan_runs(cli.strategies, cli.sweep)
+    except ValueError as err:
+        parser.error(str(err))
     output_dir = Path(cli.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     reports: dict[str, list[dict]] = {}
-    for run, strategy, options in plan_runs(cli.strategies, cli.sweep):
+    for run, strategy, options in runs:
         reports[run] = [run_one(output_dir / run / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds]
     table = aggregate(reports)
     result = {

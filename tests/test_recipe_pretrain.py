@@ -7,6 +7,7 @@ here and in ``test_downstream.py``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -110,6 +111,23 @@ def assert_png(path: Path) -> None:
         assert image.format == "PNG" and image.size[0] > 100 and image.size[1] > 100
 
 
+@contextlib.contextmanager
+def single_thread():
+    """One intra-op thread: on a shared, busy 2-core machine torch's thread pool makes tiny models ~10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with single_thread():
+        yield
+
+
 # ------------------------------------------------------------------------------------------------ shared run
 _SHARED: dict[str, object] = {}
 
@@ -118,7 +136,8 @@ def run_basic(root: Path) -> tuple[Path, dict, str]:
     """The basic run (from scratch, embedded corpus, demo config + tiny overrides), computed once per session."""
     if "run" not in _SHARED:
         output_dir = root / "demo"
-        result = recipe.main(argv(output_dir))
+        with single_thread():
+            result = recipe.main(argv(output_dir))
         _SHARED["run"] = (output_dir, result)
     return _SHARED["run"]
 
