@@ -108,6 +108,7 @@ class MinimaxTrainer(Trainer):
 
     def _task_sums(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One forward pass; returns per-task loss sums (with gradient), target counts and the model outputs."""
+        inputs = dict(inputs)  # the caller's batch stays intact (prediction_step reads its labels)
         task_ids = inputs.pop("task_ids", None)
         if task_ids is None:
             outputs = model(**inputs)
