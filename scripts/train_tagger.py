@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ud-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data" / "ud_ewt")
     parser.add_argument("--output", type=Path, default=SHIPPED_MODEL_PATH)
-    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 

@@ -113,7 +113,7 @@ class TaskGroupedMLMCollator:
     def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
         """Right- or left-pad (``tokenizer.padding_side``) every column to the batch length."""
         lengths = torch.tensor([len(f["input_ids"]) for f in features])
-        for name in ("word_ids", "token_task_ids", "special_tokens_mask"):
+        for name in ("attention_mask", "word_ids", "token_task_ids", "special_tokens_mask"):
             if name in features[0] and any(len(f[name]) != len(f["input_ids"]) for f in features):
                 raise ValueError(f"column {name!r} and input_ids differ in length in this batch")
         length = int(lengths.max())
@@ -137,7 +137,8 @@ class TaskGroupedMLMCollator:
         word_ids = column("word_ids", -1)
         if special is None:
             special = word_ids < 0
-        return (column("input_ids", self.tokenizer.pad_token_id), filled.long(), special, word_ids,
+        attention_mask = column("attention_mask", 0) if "attention_mask" in features[0] else filled.long()
+        return (column("input_ids", self.tokenizer.pad_token_id), attention_mask, special, word_ids,
                 column("token_task_ids", -1))
 
     def _word_table(self, word_ids: torch.Tensor, values: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:

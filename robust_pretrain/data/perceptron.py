@@ -1,10 +1,12 @@
 """Averaged-perceptron UPOS tagger: training with NLTK's ``AveragedPerceptron``, JSON storage, vectorised decoding.
 
-The feature set extends the one of NLTK's ``PerceptronTagger`` with word-shape features (capitalisation matters for
-PROPN). Every feature is either a function of a single word at a fixed offset (-2..+2) or of the previous tags, so
-the tagger scores a token as ``bias + sum_offsets contribution[word at offset] + tag-dependent terms``: word
-contributions are cached per word type, and greedy left-to-right decoding runs position by position over a whole
-batch of sentences with numpy, giving the same tags as the pure-Python perceptron (up to float summation order).
+The feature set extends the one of NLTK's ``PerceptronTagger`` with word shapes (capitalisation matters for PROPN),
+more prefixes/suffixes, word bigrams and jackknifed ambiguity classes (the tags a word had in training). Every
+feature is a function of one word at a fixed offset (-2..+2), of two adjacent words, or of the previous tags, so a
+token's score is ``bias + sum_offsets contribution[word at offset] + bigram terms + tag-dependent terms``: word
+contributions are cached per word type, two-key features are looked up in sorted integer-key tables, and greedy
+left-to-right decoding runs position by position over a whole batch of sentences with numpy, giving the same tags
+as the pure-Python perceptron (up to float summation order).
 """
 
 from __future__ import annotations
@@ -49,28 +51,75 @@ def word_shape(word: str) -> str:
     return "".join(symbols[:4])
 
 
-def offset_features(word: str, offset: int) -> list[str]:
-    """Features the word contributes when it sits ``offset`` positions from the word being tagged.
+PAIR_SEPARATOR = "\x1f"
+PAIR_TEMPLATES = (("i-1 word+i word", -1), ("i word+i+1 word", 0))
+"""Word-bigram features: (name, offset of the left word); the right word is the next one."""
+LEXICON_MIN_SHARE = 0.1
 
-    ``word`` is a raw token or one of the START/END padding symbols (used verbatim).
-    """
-    padding = word in START or word in END
-    norm = word if padding else normalize_word(word)
-    shape = word if padding else word_shape(word)
-    if offset == 0:
-        return [
-            f"i suffix {word[-3:]}",
-            f"i pref1 {word[:1]}",
-            f"i word {norm}",
-            f"i shape {shape}",
-            f"i suffix2 {word[-2:].lower()}",
-        ]
-    if offset in (-1, 1):
-        name = f"i{offset:+d}"
-        return [f"{name} word {norm}", f"{name} suffix {norm[-3:]}", f"{name} shape {shape}"]
-    if offset in (-2, 2):
-        return [f"i{offset:+d} word {norm}"]
-    raise ValueError(f"offset must be one of {OFFSETS}, got {offset}")
+
+def _padding(word: str) -> bool:
+    return word in START or word in END
+
+
+def context_norm(word: str) -> str:
+    """Normalised form of a context entry (START/END padding symbols stay as they are)."""
+    return word if _padding(word) else normalize_word(word)
+
+
+def build_lexicon(sentences: Sequence[tuple[Sequence[str], Sequence[str]]]) -> dict[str, str]:
+    """Ambiguity classes: normalised word -> ``|``-joined tags holding at least 10% of its occurrences."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for words, tags in sentences:
+        for word, tag in zip(words, tags, strict=True):
+            counts[normalize_word(word)][tag] += 1
+    return {
+        word: "|".join(sorted(t for t, n in tag_counts.items() if n >= LEXICON_MIN_SHARE * tag_counts.total()))
+        for word, tag_counts in counts.items()
+    }
+
+
+class Featurizer:
+    """Feature templates; ``lexicon`` (ambiguity classes) is stored with the model."""
+
+    def __init__(self, lexicon: dict[str, str]) -> None:
+        self.lexicon = lexicon
+
+    def offset_features(self, word: str, offset: int) -> list[str]:
+        """Features the word contributes when it sits ``offset`` positions from the word being tagged.
+
+        ``word`` is a raw token or one of the START/END padding symbols (used verbatim).
+        """
+        padding = _padding(word)
+        norm = context_norm(word)
+        shape = word if padding else word_shape(word)
+        ambiguity = word if padding else self.lexicon.get(norm, "?")
+        if offset == 0:
+            lower = word.lower()
+            return [
+                f"i suffix {word[-3:]}", f"i pref1 {word[:1]}", f"i word {norm}", f"i shape {shape}",
+                f"i suffix2 {lower[-2:]}", f"i suffix1 {lower[-1:]}", f"i suffix4 {lower[-4:]}",
+                f"i pref2 {lower[:2]}", f"i pref3 {lower[:3]}", f"i amb {ambiguity}",
+            ]  # fmt: skip
+        if offset in (-1, 1):
+            name = f"i{offset:+d}"
+            return [f"{name} word {norm}", f"{name} suffix {norm[-3:]}", f"{name} shape {shape}",
+                    f"{name} suffix2 {word[-2:].lower()}", f"{name} amb {ambiguity}"]
+        if offset in (-2, 2):
+            return [f"i{offset:+d} word {norm}"]
+        raise ValueError(f"offset must be one of {OFFSETS}, got {offset}")
+
+    def sentence_features(self, words: Sequence[str], i: int, prev: str, prev2: str) -> list[str]:
+        """All features of word ``i`` of ``words`` (reference implementation, used for training)."""
+        context = [*START, *words, *END]
+        position = i + len(START)
+        features = ["bias"]
+        for offset in OFFSETS:
+            features.extend(self.offset_features(context[position + offset], offset))
+        for name, left in PAIR_TEMPLATES:
+            pair = (context_norm(context[position + left]), context_norm(context[position + left + 1]))
+            features.append(f"{name} {PAIR_SEPARATOR.join(pair)}")
+        features.extend(tag_features(prev, prev2, normalize_word(words[i])))
+        return features
 
 
 def tag_features(prev: str, prev2: str, norm: str) -> list[str]:
@@ -78,20 +127,14 @@ def tag_features(prev: str, prev2: str, norm: str) -> list[str]:
     return [f"i-1 tag {prev}", f"i-2 tag {prev2}", f"i tag+i-2 tag {prev} {prev2}", f"i-1 tag+i word {prev} {norm}"]
 
 
-def sentence_features(words: Sequence[str], i: int, prev: str, prev2: str) -> list[str]:
-    """All features of word ``i`` of ``words`` (reference implementation used for training)."""
-    context = [*START, *words, *END]
-    features = ["bias"]
-    for offset in OFFSETS:
-        features.extend(offset_features(context[i + len(START) + offset], offset))
-    features.extend(tag_features(prev, prev2, normalize_word(words[i])))
-    return features
-
-
-def train_perceptron(sentences: Sequence[tuple[Sequence[str], Sequence[str]]], n_iter: int = 5, seed: int = 0) -> dict:
+def train_perceptron(
+    sentences: Sequence[tuple[Sequence[str], Sequence[str]]], n_iter: int = 8, seed: int = 0, lexicon_folds: int = 10
+) -> dict:
     """Train NLTK's ``AveragedPerceptron`` on ``(words, tags)`` sentences; return the JSON-ready model dict.
 
-    Training order is shuffled with ``random.Random(seed)`` after each pass, so a seed fixes the result.
+    Training order is shuffled with ``random.Random(seed)`` after each pass, so a seed fixes the result. Ambiguity
+    classes are jackknifed: a training sentence sees the lexicon built from the other ``lexicon_folds - 1`` folds,
+    so the model learns how much to trust them on words it has rarely seen; the shipped lexicon uses all data.
     """
     from nltk.tag.perceptron import AveragedPerceptron
 
@@ -105,30 +148,37 @@ def train_perceptron(sentences: Sequence[tuple[Sequence[str], Sequence[str]]], n
     tagdict = {}
     for word, tag_counts in counts.items():
         tag, mode = tag_counts.most_common(1)[0]
-        total = sum(tag_counts.values())
+        total = tag_counts.total()
         if total >= TAGDICT_MIN_COUNT and mode / total >= TAGDICT_MIN_PURITY:
             tagdict[word] = tag
+    fold_featurizers = [
+        Featurizer(build_lexicon([s for n, s in enumerate(sentences) if n % lexicon_folds != fold]))
+        for fold in range(lexicon_folds)
+    ]
 
     model = AveragedPerceptron()
     model.classes = set(classes)
-    order = list(sentences)
+    order = list(enumerate(sentences))
     rng = random.Random(seed)
     for _ in range(n_iter):
-        for words, tags in order:
+        for index, (words, tags) in order:
+            featurizer = fold_featurizers[index % lexicon_folds]
             prev, prev2 = START
             for i, word in enumerate(words):
                 guess = tagdict.get(word)
                 if guess is None:
-                    features = dict.fromkeys(sentence_features(words, i, prev, prev2), 1)
+                    features = dict.fromkeys(featurizer.sentence_features(words, i, prev, prev2), 1)
                     guess, _ = model.predict(features)
                     model.update(tags[i], guess, features)
                 prev2, prev = prev, guess
         rng.shuffle(order)
     model.average_weights()
-    return encode_model(model.weights, tagdict, classes)
+    return encode_model(model.weights, tagdict, classes, build_lexicon(sentences))
 
 
-def encode_model(weights: dict[str, dict[str, float]], tagdict: dict[str, str], classes: Sequence[str]) -> dict:
+def encode_model(
+    weights: dict[str, dict[str, float]], tagdict: dict[str, str], classes: Sequence[str], lexicon: dict[str, str]
+) -> dict:
     """Columnar JSON layout: feature names plus (feature index, class index, weight) triplets."""
     class_index = {name: k for k, name in enumerate(classes)}
     features, rows, cols, values = [], [], [], []
@@ -147,6 +197,7 @@ def encode_model(weights: dict[str, dict[str, float]], tagdict: dict[str, str], 
         "version": FORMAT_VERSION,
         "classes": list(classes),
         "tagdict": tagdict,
+        "lexicon": lexicon,
         "features": features,
         "rows": rows,
         "cols": cols,
@@ -179,13 +230,11 @@ class VectorizedPerceptron:
     def __init__(self, model: dict) -> None:
         self.classes: list[str] = list(model["classes"])
         n_classes = len(self.classes)
+        self._featurizer = Featurizer(model["lexicon"])
         self._feature_row = {name: row for row, name in enumerate(model["features"])}
         weights = np.zeros((len(model["features"]), n_classes))
-        np.add.at(
-            weights,
-            (np.asarray(model["rows"], dtype=np.int64), np.asarray(model["cols"], dtype=np.int64)),
-            np.asarray(model["values"], dtype=np.float64),
-        )
+        rows, cols = np.asarray(model["rows"], dtype=np.int64), np.asarray(model["cols"], dtype=np.int64)
+        np.add.at(weights, (rows, cols), np.asarray(model["values"], dtype=np.float64))
         self._weights = weights
         class_index = {name: k for k, name in enumerate(self.classes)}
         self._tagdict = {word: class_index[tag] for word, tag in model["tagdict"].items()}
@@ -198,34 +247,49 @@ class VectorizedPerceptron:
         self._pair_table = np.stack(
             [np.stack([self._sum_features([f"i tag+i-2 tag {p} {p2}"]) for p2 in states]) for p in states]
         )
-        # "i-1 tag+i word" weights as a sorted table keyed by state * n_norm + norm_id, searched per decoding step.
-        self._norm_id: dict[str, int] = {}
-        keys, key_rows = [], []
+        # Features keyed by two values ("i-1 tag+i word", word bigrams) live in sorted integer-key tables searched
+        # per batch; words are numbered in one vocabulary of normalised words.
+        self._word_id: dict[str, int] = {}
         state_index = {name: k for k, name in enumerate(states)}
+        tag_word_keys, bigram_keys = [], []
         for feature, row in self._feature_row.items():
             if feature.startswith("i-1 tag+i word "):
-                state, norm = feature[len("i-1 tag+i word ") :].split(" ", 1)
-                norm_id = self._norm_id.setdefault(norm, len(self._norm_id))
-                keys.append((state_index[state], norm_id))
-                key_rows.append(row)
-        n_norm = max(len(self._norm_id), 1)
-        flat_keys = np.asarray([s * n_norm + n for s, n in keys], dtype=np.int64)
-        order = np.argsort(flat_keys)
-        self._n_norm = n_norm
-        self._pair_word_keys = np.append(flat_keys[order], np.iinfo(np.int64).max)
-        self._pair_word_weights = (
-            np.vstack([weights[np.asarray(key_rows, dtype=np.int64)[order]], np.zeros((1, n_classes))])
-            if keys
-            else np.zeros((1, n_classes))
+                state, norm = feature[len("i-1 tag+i word "):].split(" ", 1)
+                tag_word_keys.append((state_index[state], self._word_number(norm), row))
+            for template, (name, _) in enumerate(PAIR_TEMPLATES):
+                if feature.startswith(name + " "):
+                    left, right = feature[len(name) + 1:].split(PAIR_SEPARATOR)
+                    bigram_keys.append((template, self._word_number(left), self._word_number(right), row))
+        self._n_words = max(len(self._word_id), 1)
+        self._tag_word = self._key_table([(s * self._n_words + w, row) for s, w, row in tag_word_keys])
+        self._bigram = self._key_table(
+            [((t * self._n_words + a) * self._n_words + b, row) for t, a, b, row in bigram_keys]
         )
         # Per word type: contribution at each offset, tag-dictionary class (-1 if none), normalised-word id (-1).
         self._type_id: dict[str, int] = {}
         self._type_offset_scores: list[np.ndarray] = []
         self._type_tagdict: list[int] = []
-        self._type_norm: list[int] = []
-        self._offset_table = np.zeros((0, len(OFFSETS), n_classes))
+        self._type_word: list[int] = []
         for symbol in (*START, *END):
             self._type_of(symbol)
+
+    def _word_number(self, norm: str) -> int:
+        return self._word_id.setdefault(norm, len(self._word_id))
+
+    def _key_table(self, keyed_rows: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted keys (plus a sentinel) and their weight rows (plus a zero row)."""
+        keyed_rows.sort()
+        keys = np.asarray([k for k, _ in keyed_rows] + [np.iinfo(np.int64).max], dtype=np.int64)
+        rows = np.asarray([r for _, r in keyed_rows], dtype=np.int64)
+        return keys, np.vstack([self._weights[rows], np.zeros((1, len(self.classes)))])
+
+    @staticmethod
+    def _lookup(table: tuple[np.ndarray, np.ndarray], keys: np.ndarray) -> np.ndarray:
+        """Weight rows for ``keys`` (zeros where a key is absent or negative)."""
+        sorted_keys, weights = table
+        slots = np.searchsorted(sorted_keys, keys)
+        slots[sorted_keys[slots] != keys] = len(sorted_keys) - 1
+        return weights[slots]
 
     def _sum_features(self, features: Sequence[str]) -> np.ndarray:
         rows = [self._feature_row[f] for f in features if f in self._feature_row]
@@ -236,47 +300,46 @@ class VectorizedPerceptron:
         if type_id is None:
             type_id = len(self._type_offset_scores)
             self._type_id[word] = type_id
-            self._type_offset_scores.append(np.stack([self._sum_features(offset_features(word, o)) for o in OFFSETS]))
+            self._type_offset_scores.append(
+                np.stack([self._sum_features(self._featurizer.offset_features(word, o)) for o in OFFSETS])
+            )
             self._type_tagdict.append(self._tagdict.get(word, -1))
-            padding = word in START or word in END
-            self._type_norm.append(-1 if padding else self._norm_id.get(normalize_word(word), -1))
+            self._type_word.append(self._word_id.get(context_norm(word), -1))
         return type_id
-
-    def _refresh_tables(self) -> None:
-        if len(self._offset_table) != len(self._type_offset_scores):
-            self._offset_table = np.stack(self._type_offset_scores)
-            self._tagdict_table = np.asarray(self._type_tagdict, dtype=np.int64)
-            self._norm_table = np.asarray(self._type_norm, dtype=np.int64)
 
     def tag_ids(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Class indices (into :attr:`classes`) for each word of each sentence."""
         lengths = np.asarray([len(s) for s in sentences], dtype=np.int64)
-        n_sentences = len(sentences)
-        if n_sentences == 0 or lengths.sum() == 0:
+        if len(sentences) == 0 or lengths.sum() == 0:
             return [np.zeros(n, dtype=np.int64) for n in lengths]
-        type_of = self._type_id.get
-        pad = [self._type_id[s] for s in (*START, *END)]
+        known = self._type_id
+        pad = [known[s] for s in (*START, *END)]
         context: list[int] = []
         for words in sentences:
             context.extend(pad[:2])
-            context.extend([type_of(w) if w in self._type_id else self._type_of(w) for w in words])
+            context.extend([known[w] if w in known else self._type_of(w) for w in words])
             context.extend(pad[2:])
-        self._refresh_tables()
+        offset_table = np.stack(self._type_offset_scores)
         context_types = np.asarray(context, dtype=np.int64)
+        context_words = np.asarray(self._type_word, dtype=np.int64)[context_types]
         context_starts = np.concatenate([[0], np.cumsum(lengths + 4)[:-1]])
-        # Static scores for every word: bias + contributions of the words at offsets -2..+2.
-        word_positions = np.concatenate([np.arange(n) for n in lengths]) + np.repeat(context_starts + 2, lengths)
-        static = np.broadcast_to(self._bias, (len(word_positions), len(self.classes))).copy()
+        # Static scores for every word: bias + words at offsets -2..+2 + word bigrams.
+        positions = np.concatenate([np.arange(n) for n in lengths]) + np.repeat(context_starts + 2, lengths)
+        static = np.broadcast_to(self._bias, (len(positions), len(self.classes))).copy()
         for k, offset in enumerate(OFFSETS):
-            static += self._offset_table[context_types[word_positions + offset], k]
-        word_types = context_types[word_positions]
-        fixed = self._tagdict_table[word_types]
-        norms = self._norm_table[word_types]
+            static += offset_table[context_types[positions + offset], k]
+        for template, (_, left) in enumerate(PAIR_TEMPLATES):
+            a, b = context_words[positions + left], context_words[positions + left + 1]
+            keys = np.where((a >= 0) & (b >= 0), (template * self._n_words + a) * self._n_words + b, -1)
+            static += self._lookup(self._bigram, keys)
+        word_types = context_types[positions]
+        fixed = np.asarray(self._type_tagdict, dtype=np.int64)[word_types]
+        words = context_words[positions]
         word_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 
-        predictions = np.empty(len(word_positions), dtype=np.int64)
-        prev = np.full(n_sentences, self._start_state)
-        prev2 = np.full(n_sentences, self._start2_state)
+        predictions = np.empty(len(positions), dtype=np.int64)
+        prev = np.full(len(sentences), self._start_state)
+        prev2 = np.full(len(sentences), self._start2_state)
         order = np.argsort(-lengths, kind="stable")  # longest first: active sentences are a prefix
         sorted_lengths = lengths[order]
         for i in range(int(sorted_lengths[0])):
@@ -284,11 +347,7 @@ class VectorizedPerceptron:
             idx = word_starts[active] + i
             p, p2 = prev[active], prev2[active]
             scores = static[idx] + self._prev_table[p] + self._prev2_table[p2] + self._pair_table[p, p2]
-            norm = norms[idx]
-            key = np.where(norm >= 0, p * self._n_norm + norm, -1)
-            slot = np.searchsorted(self._pair_word_keys, key)
-            found = self._pair_word_keys[slot] == key
-            scores[found] += self._pair_word_weights[slot[found]]
+            scores += self._lookup(self._tag_word, np.where(words[idx] >= 0, p * self._n_words + words[idx], -1))
             # NLTK breaks score ties by the alphabetically largest label: argmax over reversed columns.
             best = len(self.classes) - 1 - np.argmax(scores[:, ::-1], axis=1)
             tags = np.where(fixed[idx] >= 0, fixed[idx], best)
@@ -313,6 +372,7 @@ def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:
     for row, col, value in zip(model["rows"], model["cols"], model["values"], strict=True):
         weights[model["features"][row]][model["classes"][col]] = value
     perceptron.weights = dict(weights)
+    featurizer = Featurizer(model["lexicon"])
 
     def tag(words: Sequence[str]) -> list[str]:
         prev, prev2 = START
@@ -320,7 +380,8 @@ def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:
         for i, word in enumerate(words):
             predicted = model["tagdict"].get(word)
             if predicted is None:
-                predicted, _ = perceptron.predict(dict.fromkeys(sentence_features(words, i, prev, prev2), 1))
+                features = featurizer.sentence_features(words, i, prev, prev2)
+                predicted, _ = perceptron.predict(dict.fromkeys(features, 1))
             tags.append(predicted)
             prev2, prev = prev, predicted
         return tags
