@@ -234,7 +234,7 @@ class VectorizedPerceptron:
         self._feature_row = {name: row for row, name in enumerate(model["features"])}
         weights = np.zeros((len(model["features"]), n_classes))
         rows, cols = np.asarray(model["rows"], dtype=np.int64), np.asarray(model["cols"], dtype=np.int64)
-        np.add.at(weights, (rows, cols), np.asarray(model["values"], dtype=np.float64))
+        weights[rows, cols] = model["values"]  # (feature, class) pairs are unique
         self._weights = weights
         class_index = {name: k for k, name in enumerate(self.classes)}
         self._tagdict = {word: class_index[tag] for word, tag in model["tagdict"].items()}
