@@ -59,6 +59,8 @@ class _TokenizeAndTag:
         self.pack = pack
         probe = tokenizer("a", return_special_tokens_mask=True)
         mask = probe["special_tokens_mask"]
+        if 0 not in mask:
+            raise ValueError("the tokenizer produced only special tokens for the text 'a'; cannot locate its template")
         first = mask.index(0)
         last = len(mask) - 1 - mask[::-1].index(0)
         self.prefix_ids = probe["input_ids"][:first]
