@@ -109,3 +109,14 @@ def test_callable_backend_is_used_and_checked():
         get_tagger("spacy")
     with pytest.raises(TypeError, match="must be 'shipped', 'nltk' or a callable"):
         get_tagger(42)
+
+
+def test_decoder_type_cache_is_bounded(ewt_test, monkeypatch):
+    import robust_pretrain.data.perceptron as perceptron
+
+    decoder = perceptron.VectorizedPerceptron(load_model(SHIPPED_MODEL_PATH))
+    sample = [s.words for s in ewt_test[:100]]
+    expected = decoder.tag(sample)
+    monkeypatch.setattr(perceptron, "MAX_CACHED_TYPES", 10)
+    assert [decoder.tag([words])[0] for words in sample] == expected  # the cache restarts many times
+    assert len(decoder._type_id) <= 10 + max(len(words) for words in sample) + 4

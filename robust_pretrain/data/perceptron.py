@@ -55,6 +55,8 @@ PAIR_SEPARATOR = "\x1f"
 PAIR_TEMPLATES = (("i-1 word+i word", -1), ("i word+i+1 word", 0))
 """Word-bigram features: (name, offset of the left word); the right word is the next one."""
 LEXICON_MIN_SHARE = 0.1
+MAX_CACHED_TYPES = 100_000
+"""The decoder caches per-word-type scores; past this many types the cache starts afresh (memory bound)."""
 
 
 def _padding(word: str) -> bool:
@@ -265,13 +267,7 @@ class VectorizedPerceptron:
         self._bigram = self._key_table(
             [((t * self._n_words + a) * self._n_words + b, row) for t, a, b, row in bigram_keys]
         )
-        # Per word type: contribution at each offset, tag-dictionary class (-1 if none), normalised-word id (-1).
-        self._type_id: dict[str, int] = {}
-        self._type_offset_scores: list[np.ndarray] = []
-        self._type_tagdict: list[int] = []
-        self._type_word: list[int] = []
-        for symbol in (*START, *END):
-            self._type_of(symbol)
+        self._reset_type_cache()
 
     def _word_number(self, norm: str) -> int:
         return self._word_id.setdefault(norm, len(self._word_id))
@@ -295,16 +291,26 @@ class VectorizedPerceptron:
         rows = [self._feature_row[f] for f in features if f in self._feature_row]
         return self._weights[rows].sum(axis=0) if rows else np.zeros(len(self.classes))
 
+    def _reset_type_cache(self) -> None:
+        """Per word type: contribution at each offset, tag-dictionary class (-1 if none), normalised-word id (-1)."""
+        self._type_id: dict[str, int] = {}
+        self._offset_table = np.zeros((1024, len(OFFSETS), len(self.classes)))
+        self._type_tagdict = np.full(1024, -1, dtype=np.int64)
+        self._type_word = np.full(1024, -1, dtype=np.int64)
+        for symbol in (*START, *END):
+            self._type_of(symbol)
+
     def _type_of(self, word: str) -> int:
-        type_id = self._type_id.get(word)
-        if type_id is None:
-            type_id = len(self._type_offset_scores)
-            self._type_id[word] = type_id
-            self._type_offset_scores.append(
-                np.stack([self._sum_features(self._featurizer.offset_features(word, o)) for o in OFFSETS])
-            )
-            self._type_tagdict.append(self._tagdict.get(word, -1))
-            self._type_word.append(self._word_id.get(context_norm(word), -1))
+        type_id = len(self._type_id)
+        if type_id == len(self._type_tagdict):  # grow the per-type arrays geometrically
+            self._offset_table = np.concatenate([self._offset_table, np.zeros_like(self._offset_table)])
+            self._type_tagdict = np.concatenate([self._type_tagdict, np.full(type_id, -1, dtype=np.int64)])
+            self._type_word = np.concatenate([self._type_word, np.full(type_id, -1, dtype=np.int64)])
+        self._type_id[word] = type_id
+        for k, offset in enumerate(OFFSETS):
+            self._offset_table[type_id, k] = self._sum_features(self._featurizer.offset_features(word, offset))
+        self._type_tagdict[type_id] = self._tagdict.get(word, -1)
+        self._type_word[type_id] = self._word_id.get(context_norm(word), -1)
         return type_id
 
     def tag_ids(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -312,6 +318,8 @@ class VectorizedPerceptron:
         lengths = np.asarray([len(s) for s in sentences], dtype=np.int64)
         if len(sentences) == 0 or lengths.sum() == 0:
             return [np.zeros(n, dtype=np.int64) for n in lengths]
+        if len(self._type_id) > MAX_CACHED_TYPES:  # bound memory on large corpora
+            self._reset_type_cache()
         known = self._type_id
         pad = [known[s] for s in (*START, *END)]
         context: list[int] = []
@@ -319,21 +327,20 @@ class VectorizedPerceptron:
             context.extend(pad[:2])
             context.extend([known[w] if w in known else self._type_of(w) for w in words])
             context.extend(pad[2:])
-        offset_table = np.stack(self._type_offset_scores)
         context_types = np.asarray(context, dtype=np.int64)
-        context_words = np.asarray(self._type_word, dtype=np.int64)[context_types]
+        context_words = self._type_word[context_types]
         context_starts = np.concatenate([[0], np.cumsum(lengths + 4)[:-1]])
         # Static scores for every word: bias + words at offsets -2..+2 + word bigrams.
         positions = np.concatenate([np.arange(n) for n in lengths]) + np.repeat(context_starts + 2, lengths)
         static = np.broadcast_to(self._bias, (len(positions), len(self.classes))).copy()
         for k, offset in enumerate(OFFSETS):
-            static += offset_table[context_types[positions + offset], k]
+            static += self._offset_table[context_types[positions + offset], k]
         for template, (_, left) in enumerate(PAIR_TEMPLATES):
             a, b = context_words[positions + left], context_words[positions + left + 1]
             keys = np.where((a >= 0) & (b >= 0), (template * self._n_words + a) * self._n_words + b, -1)
             static += self._lookup(self._bigram, keys)
         word_types = context_types[positions]
-        fixed = np.asarray(self._type_tagdict, dtype=np.int64)[word_types]
+        fixed = self._type_tagdict[word_types]
         words = context_words[positions]
         word_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 
