@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -169,12 +170,14 @@ def test_no_sweep_no_frontier(tmp_path: Path, monkeypatch) -> None:
         (["--config", "missing.yaml"], "config file not found: missing.yaml"),
     ],
 )
-def test_bad_arguments(tmp_path: Path, recipe_calls, capsys, args: list[str], message: str) -> None:
+def test_bad_arguments(tmp_path: Path, monkeypatch, capsys, args: list[str], message: str) -> None:
+    def run(command, **kwargs):
+        raise AssertionError(f"a run was started: {command}")
+
+    monkeypatch.setattr(compare.subprocess, "run", run)
     out = tmp_path / "compare"
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(SystemExit) as info:  # argparse's usage error, before any run
         compare.main([*args, "--output_dir", str(out)])
     assert info.value.code == 2
-    import re
-
     assert re.search(message, capsys.readouterr().err)
-    assert recipe_calls == [] and not out.exists()  # refused before any run
+    assert not out.exists()

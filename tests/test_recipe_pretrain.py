@@ -268,7 +268,9 @@ def test_unknown_weighting_fails_before_training(tmp_path: Path) -> None:
 def test_data_without_text_column(tmp_path: Path) -> None:
     train = write_texts(tmp_path / "train.jsonl", corpus_texts(8), column="sentence")
     output_dir = tmp_path / "out"
-    with pytest.raises(ValueError, match=r"no text column 'text' \(columns: \['sentence', 'id'\]\); set --text_column_name"):
+    with pytest.raises(
+        ValueError, match=r"no text column 'text' \(columns: \['sentence', 'id'\]\); set --text_column_name"
+    ):
         recipe.main(argv(output_dir, "--train_file", str(train)))
     assert not (output_dir / "model.safetensors").exists()
 
@@ -308,9 +310,10 @@ def test_model_without_mlm_head(tmp_path: Path, small_files) -> None:
     AutoTokenizer.from_pretrained(MINILM).save_pretrained(model_dir)  # a fast tokenizer, so only the head is wrong
     output_dir = tmp_path / "out"
     with pytest.raises(ValueError, match=r"gpt2\) has no masked-LM head"):
-        recipe.main(argv(output_dir, "--model_name_or_path", str(model_dir), "--train_file", str(small_files["train.txt"])))
-    assert not (output_dir / "model.safetensors").exists()
-    assert not list(output_dir.glob("checkpoint-*")) if output_dir.exists() else True
+        recipe.main(
+            argv(output_dir, "--model_name_or_path", str(model_dir), "--train_file", str(small_files["train.txt"]))
+        )
+    assert not output_dir.exists()  # refused before anything was written
 
 
 def test_output_dir_of_another_run(pretrained_run) -> None:
@@ -394,25 +397,35 @@ def test_continued_pretraining_of_minilm(tmp_path: Path, small_files) -> None:
     assert ModelCard.load(output_dir / "README.md").data.base_model == str(MINILM)
 
 
-def test_lora_adapter_and_merge(tmp_path: Path, small_files) -> None:
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, small_files) -> Path:
+    """LoRA (r=4, query/value) on all-MiniLM-L6-v2 for 2 steps, with --merge_lora."""
+    output_dir = tmp_path_factory.mktemp("lora") / "out"
+    args = ["--model_name_or_path", str(MINILM), "--use_lora", "true", "--merge_lora", "true", "--lora_r", "4"]
+    args += ["--max_steps", "2", "--max_seq_length", "64", "--train_file", str(small_files["train.txt"])]
+    args += ["--per_device_train_batch_size", "4", "--learning_rate", "0.01"]
+    with single_thread():
+        recipe.main(argv(output_dir, *args))
+    return output_dir
+
+
+def test_lora_adapter_and_merge(lora_run: Path) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForMaskedLM
 
-    output_dir = tmp_path / "lora"
-    args = ["--model_name_or_path", str(MINILM), "--use_lora", "true", "--merge_lora", "true", "--lora_r", "4"]
-    args += ["--max_steps", "2", "--max_seq_length", "64", "--train_file", str(small_files["train.txt"])]
-    args += ["--per_device_train_batch_size", "4", "--learning_rate", "0.01"]
-    recipe.main(argv(output_dir, *args))
+    output_dir = lora_run
     names = {p.name for p in output_dir.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "task_report.json", "README.md"} <= names
     assert "model.safetensors" not in names  # the adapter only, not a full copy of the base model
     adapter_config = read_json(output_dir / "adapter_config.json")
     assert adapter_config["r"] == 4 and sorted(adapter_config["target_modules"]) == ["query", "value"]
+    assert Path(adapter_config["base_model_name_or_path"]) == MINILM
     adapter = load_file(output_dir / "adapter_model.safetensors")
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
     assert len(lora_b) == 2 * 6  # query and value of 6 layers
     assert any(v.abs().sum() > 0 for v in lora_b)  # trained (lora_B starts at zero)
+    assert "BertForMaskedLM" in ModelCard.load(output_dir / "README.md").text  # the base architecture
 
     peft_model = PeftModel.from_pretrained(AutoModelForMaskedLM.from_pretrained(MINILM), output_dir)
     loaded = {k: v for k, v in peft_model.state_dict().items() if "lora_" in k}
@@ -428,6 +441,24 @@ def test_lora_adapter_and_merge(tmp_path: Path, small_files) -> None:
     base = _encoder_state(AutoModelForMaskedLM.from_pretrained(MINILM))
     assert any(not torch.equal(base[k], merged_state[k]) for k in base if "query" in k)
     assert all(torch.equal(base[k], merged_state[k]) for k in base if ".key." in k)  # not a LoRA target
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="all-MiniLM-L6-v2 has no MLM head: AutoModelForMaskedLM adds a random one, which LoRA freezes and the "
+    "adapter does not save, so base + adapter does not reproduce the trained masked-LM (merged/ does)",
+)
+def test_lora_adapter_reproduces_the_trained_mlm(lora_run: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MINILM)
+    batch = tokenizer(["the cat [MASK] on the mat ."], return_tensors="pt")
+    torch.manual_seed(1)  # any seed: the head is drawn afresh at every load
+    adapted = PeftModel.from_pretrained(AutoModelForMaskedLM.from_pretrained(MINILM), lora_run).eval()
+    merged = AutoModelForMaskedLM.from_pretrained(lora_run / "merged").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(**batch).logits, merged(**batch).logits, atol=1e-4, rtol=1e-4)
 
 
 # ----------------------------------------------------------------------------------------- 4. two processes
@@ -495,7 +526,7 @@ def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
     assert {r.metric_name: r.metric_value for r in card.data.eval_results}["worst task MLM loss"] == round(
         report["eval_worst_task_loss"], 4
     )
-    assert f"from_pretrained(\"{repo_id}\"" in card.text
+    assert f'from_pretrained("{repo_id}"' in card.text
     local = AutoModelForMaskedLM.from_pretrained(output_dir)
     for name, tensor in local.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], tensor, msg=name)
@@ -556,4 +587,3 @@ def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, mo
         p.name for p in output_dir.iterdir()
     }
     assert read_json(output_dir / "trainer_state.json")["global_step"] == 2
-
