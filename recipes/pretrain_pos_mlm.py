@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
@@ -174,7 +175,22 @@ def check_output_dir(
             f"{output_dir} holds checkpoints of another run ({details}); choose another --output_dir "
             "or pass --overwrite_output_dir true"
         )
-    return last
+    return last_complete_checkpoint(output_dir)
+
+
+def last_complete_checkpoint(output_dir: Path) -> str | None:
+    """The newest ``checkpoint-N`` with ``trainer_state.json`` (written last): a run killed while saving leaves a
+    partial checkpoint, which the Trainer cannot resume from."""
+    checkpoints = {}
+    for path in output_dir.iterdir():
+        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if match and path.is_dir():
+            checkpoints[int(match.group(1))] = path
+    for step in sorted(checkpoints, reverse=True):
+        if (checkpoints[step] / "trainer_state.json").is_file():
+            return str(checkpoints[step])
+        logger.warning("skipping %s: incomplete (no trainer_state.json), interrupted while saving", checkpoints[step])
+    return None
 
 
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments) -> dict:
@@ -333,16 +349,16 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     last_checkpoint = check_output_dir(model_args, data_args, training_args)
-    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
-    if checkpoint is not None:
-        logger.info("Resuming from checkpoint %s (pass --overwrite_output_dir true to start afresh)", checkpoint)
+    resume_checkpoint = training_args.resume_from_checkpoint or last_checkpoint
+    if resume_checkpoint is not None:
+        logger.info("Resuming from checkpoint %s (pass --overwrite_output_dir true to start afresh)", resume_checkpoint)
     if data_args.overwrite_output_dir and Path(training_args.output_dir).is_dir() and training_args.should_save:
         for checkpoint in Path(training_args.output_dir).glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
     set_seed(training_args.seed)
 
     raw = load_raw_datasets(data_args, cache_dir=None)
-    tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], checkpoint)
+    tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], resume_checkpoint)
     model = load_model(model_args, tokenizer, data_args.max_seq_length)
 
     with training_args.main_process_first(desc="tokenizing and PoS-tagging"):
@@ -409,7 +425,7 @@ def main(argv: list[str] | None = None) -> dict:
             output_dir=err.output_dir,
             repo_id=err.repo_id,
         ) from err
-    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    train_result = trainer.train(resume_from_checkpoint=resume_checkpoint)
     trainer.save_model()
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)

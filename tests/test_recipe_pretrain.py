@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -335,7 +336,7 @@ def test_output_dir_with_foreign_checkpoints(tmp_path: Path) -> None:
 
 
 def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -> None:
-    """A run stopped after its step-2 checkpoint resumes from it when re-run with a larger max_steps."""
+    """A run stopped while writing its step-3 checkpoint resumes from step 2 when re-run with a larger max_steps."""
     from transformers import AutoTokenizer
 
     output_dir = tmp_path / "out"
@@ -345,9 +346,11 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
     checkpoint = output_dir / "checkpoint-2"
     assert (checkpoint / "weighting_state.json").is_file()
     vocab = AutoTokenizer.from_pretrained(checkpoint).get_vocab()
-    # simulate a kill right after the checkpoint: only the checkpoint and run_config.json are on disk
+    # simulate a kill while the step-3 checkpoint was being written: no final model, a partial checkpoint-3
+    (output_dir / "checkpoint-3").mkdir()
+    (output_dir / "model.safetensors").rename(output_dir / "checkpoint-3" / "model.safetensors")
     for path in output_dir.iterdir():
-        if path.name not in ("checkpoint-2", "run_config.json"):
+        if path.is_file() and path.name != "run_config.json":
             path.unlink()
     capfd.readouterr()
     caplog.clear()
@@ -356,6 +359,7 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
         recipe.main(argv(output_dir, *common, "--max_steps", "4"))
     out = capfd.readouterr()
     log = out.out + out.err + caplog.text
+    assert f"skipping {output_dir / 'checkpoint-3'}: incomplete" in log
     assert f"Resuming from checkpoint {checkpoint}" in log
     assert "Resuming training from checkpoint with epoch" in log and "global step 2" in log
     state = read_json(output_dir / "trainer_state.json")
@@ -364,10 +368,52 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
     assert [e["step"] for e in logs] == [1, 2, 3, 4]
     first_logs = [e for e in first if "loss" in e]
     assert logs[:2] == first_logs  # steps 1-2 come from the checkpoint, not from training again
-    assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
-    # the resumed model keeps the vocabulary its checkpoint was trained with
+    assert (output_dir / "checkpoint-4" / "trainer_state.json").is_file()
+    # the resumed model keeps the vocabulary its checkpoint was trained with (WordPiece training is not
+    # deterministic: a tokenizer trained afresh would silently re-map every token id)
     assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == vocab
     assert read_json(output_dir / "task_report.json")["train_steps"] == 4
+
+    # --overwrite_output_dir starts afresh: old checkpoints go, and the tokenizer is trained anew
+    recipe.main(argv(output_dir, *common, "--max_steps", "1", "--overwrite_output_dir", "true", "--vocab_size", "300"))
+    assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert len(AutoTokenizer.from_pretrained(output_dir)) == 300
+    assert read_json(output_dir / "trainer_state.json")["global_step"] == 1
+    assert read_json(output_dir / "run_config.json")["vocab_size"] == 300
+
+
+def test_resume_after_kill(tmp_path: Path, small_files) -> None:
+    """A recipe process killed (SIGKILL) mid-training resumes from its newest complete checkpoint."""
+    from transformers import AutoTokenizer
+
+    output_dir = tmp_path / "out"
+    common = ["--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--save_steps", "1"]
+    command = [sys.executable, str(RECIPES / "pretrain_pos_mlm.py"), *argv(output_dir, *common, "--max_steps", "500")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "killed.log"
+    with open(log, "w") as stream:
+        proc = subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 120
+            while not (output_dir / "checkpoint-2" / "trainer_state.json").is_file():
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint-2 after 120 s"
+                time.sleep(0.05)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -9
+    complete = recipe.last_complete_checkpoint(output_dir)
+    done = int(complete.rsplit("-", 1)[1])
+    assert 2 <= done < 500 and not (output_dir / "task_report.json").exists()
+    vocab = AutoTokenizer.from_pretrained(complete).get_vocab()
+
+    recipe.main(argv(output_dir, *common, "--max_steps", str(done + 2)))
+    state = read_json(output_dir / "trainer_state.json")
+    assert state["global_step"] == done + 2
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, done + 3))
+    assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == vocab
+    assert read_json(output_dir / "task_report.json")["train_steps"] == done + 2
 
 
 # ------------------------------------------------------------------------------ 3. continued pre-training, LoRA
