@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -87,7 +88,8 @@ def main() -> None:
             for name, times in seconds.items()]
     setup = {"sequences": n, "batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
              "repeats": args.repeats, "torch_threads": 1, "python": platform.python_version(),
-             "torch": torch.__version__, "transformers": transformers.__version__}
+             "torch": torch.__version__, "transformers": transformers.__version__,
+             "load_average_1min": round(os.getloadavg()[0], 2)}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "collator.json").write_text(json.dumps({"setup": setup, "rows": rows}, indent=2) + "\n")
     lines = [f"Setup: {json.dumps(setup)}", "", "| collator | sequences/s | speed vs baseline |", "|---|---|---|"]

@@ -99,7 +99,8 @@ def main() -> None:
         speed[("shipped", "gold words")] / speed[("shipped-pure-python", "gold words")]
     )
     setup = {"text": "UD English-EWT test (2077 sentences)", "repeats": args.repeats, "threads": 1,
-             "python": platform.python_version(), "nltk": nltk.__version__, "model": SHIPPED_MODEL_PATH.name}
+             "python": platform.python_version(), "nltk": nltk.__version__, "model": SHIPPED_MODEL_PATH.name,
+             "load_average_1min": round(os.getloadavg()[0], 2)}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "tagging.json").write_text(json.dumps(
         {"setup": setup, "rows": rows, "speedup_vs_nltk": ratios, "upos_accuracy_ewt_test": accuracies}, indent=2

@@ -4,7 +4,7 @@ The feature set extends the one of NLTK's ``PerceptronTagger`` with word shapes 
 more prefixes/suffixes, word bigrams and jackknifed ambiguity classes (the tags a word had in training). Every
 feature is a function of one word at a fixed offset (-2..+2), of two adjacent words, or of the previous tags, so a
 token's score is ``bias + sum_offsets contribution[word at offset] + bigram terms + tag-dependent terms``: word
-contributions are cached per word type, two-key features are looked up in sorted integer-key tables, and greedy
+contributions are cached per word type, two-key features are looked up in integer-indexed tables, and greedy
 left-to-right decoding runs position by position over a whole batch of sentences with numpy, giving the same tags
 as the pure-Python perceptron (up to float summation order).
 """
@@ -249,8 +249,8 @@ class VectorizedPerceptron:
         self._pair_table = np.stack(
             [np.stack([self._sum_features([f"i tag+i-2 tag {p} {p2}"]) for p2 in states]) for p in states]
         )
-        # Features keyed by two values ("i-1 tag+i word", word bigrams) live in sorted integer-key tables searched
-        # per batch; words are numbered in one vocabulary of normalised words.
+        # Features keyed by two values ("i-1 tag+i word", word bigrams) are indexed by numbers from one vocabulary
+        # of normalised words.
         self._word_id: dict[str, int] = {}
         state_index = {name: k for k, name in enumerate(states)}
         tag_word_keys, bigram_keys = [], []
@@ -263,7 +263,14 @@ class VectorizedPerceptron:
                     left, right = feature[len(name) + 1:].split(PAIR_SEPARATOR)
                     bigram_keys.append((template, self._word_number(left), self._word_number(right), row))
         self._n_words = max(len(self._word_id), 1)
-        self._tag_word = self._key_table([(s * self._n_words + w, row) for s, w, row in tag_word_keys])
+        # "i-1 tag+i word" as a dense (word slot, previous state) table over the words that have such features;
+        # the last slot is all zeros, for every other word.
+        tag_word_vocab = sorted({w for _, w, _ in tag_word_keys})
+        self._tag_word_slot = np.full(self._n_words + 1, len(tag_word_vocab), dtype=np.int64)
+        self._tag_word_slot[tag_word_vocab] = np.arange(len(tag_word_vocab))
+        self._tag_word = np.zeros((len(tag_word_vocab) + 1, len(states), n_classes))
+        for state, word, row in tag_word_keys:
+            self._tag_word[self._tag_word_slot[word], state] = weights[row]
         self._bigram = self._key_table(
             [((t * self._n_words + a) * self._n_words + b, row) for t, a, b, row in bigram_keys]
         )
@@ -313,11 +320,11 @@ class VectorizedPerceptron:
         self._type_word[type_id] = self._word_id.get(context_norm(word), -1)
         return type_id
 
-    def tag_ids(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Class indices (into :attr:`classes`) for each word of each sentence."""
+    def tag_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+        """Class indices (into :attr:`classes`) of all words, sentences concatenated in order."""
         lengths = np.asarray([len(s) for s in sentences], dtype=np.int64)
         if len(sentences) == 0 or lengths.sum() == 0:
-            return [np.zeros(n, dtype=np.int64) for n in lengths]
+            return np.zeros(0, dtype=np.int64)
         if len(self._type_id) > MAX_CACHED_TYPES:  # bound memory on large corpora
             self._reset_type_cache()
         known = self._type_id
@@ -331,7 +338,8 @@ class VectorizedPerceptron:
         context_words = self._type_word[context_types]
         context_starts = np.concatenate([[0], np.cumsum(lengths + 4)[:-1]])
         # Static scores for every word: bias + words at offsets -2..+2 + word bigrams.
-        positions = np.concatenate([np.arange(n) for n in lengths]) + np.repeat(context_starts + 2, lengths)
+        word_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        positions = np.arange(int(lengths.sum())) + np.repeat(context_starts + 2 - word_starts, lengths)
         static = np.broadcast_to(self._bias, (len(positions), len(self.classes))).copy()
         for k, offset in enumerate(OFFSETS):
             static += self._offset_table[context_types[positions + offset], k]
@@ -341,32 +349,37 @@ class VectorizedPerceptron:
             static += self._lookup(self._bigram, keys)
         word_types = context_types[positions]
         fixed = self._type_tagdict[word_types]
-        words = context_words[positions]
-        word_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        tag_word_slots = self._tag_word_slot[context_words[positions]]  # unknown words (-1) hit the zero slot
 
         predictions = np.empty(len(positions), dtype=np.int64)
         prev = np.full(len(sentences), self._start_state)
         prev2 = np.full(len(sentences), self._start2_state)
         order = np.argsort(-lengths, kind="stable")  # longest first: active sentences are a prefix
         sorted_lengths = lengths[order]
-        for i in range(int(sorted_lengths[0])):
-            active = order[: int(np.searchsorted(-sorted_lengths, -i, side="left"))]
+        active_counts = np.searchsorted(-sorted_lengths, -np.arange(sorted_lengths[0]), side="left").tolist()
+        for i, n_active in enumerate(active_counts):
+            active = order[:n_active]
             idx = word_starts[active] + i
             p, p2 = prev[active], prev2[active]
             scores = static[idx] + self._prev_table[p] + self._prev2_table[p2] + self._pair_table[p, p2]
-            scores += self._lookup(self._tag_word, np.where(words[idx] >= 0, p * self._n_words + words[idx], -1))
+            scores += self._tag_word[tag_word_slots[idx], p]
             # NLTK breaks score ties by the alphabetically largest label: argmax over reversed columns.
             best = len(self.classes) - 1 - np.argmax(scores[:, ::-1], axis=1)
             tags = np.where(fixed[idx] >= 0, fixed[idx], best)
             predictions[idx] = tags
             prev2[active] = p
             prev[active] = tags
-        return np.split(predictions, np.cumsum(lengths)[:-1])
+        return predictions
+
+    def tag_flat(self, sentences: Sequence[Sequence[str]]) -> list[str]:
+        """Tag strings of all words, sentences concatenated in order."""
+        return np.asarray(self.classes, dtype=object)[self.tag_ids(sentences)].tolist()
 
     def tag(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
         """Tag strings for each word of each sentence."""
-        names = np.asarray(self.classes, dtype=object)
-        return [names[ids].tolist() for ids in self.tag_ids(sentences)]
+        flat = self.tag_flat(sentences)
+        ends = np.cumsum([len(s) for s in sentences]).tolist()
+        return [flat[end - len(words):end] for words, end in zip(sentences, ends, strict=True)]
 
 
 def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:

@@ -68,16 +68,15 @@ class ShippedTagger:
     def __call__(self, texts: Sequence[str]) -> list[list[TaggedWord]]:
         spans = [word_spans(text) for text in texts]
         sentences: list[list[str]] = []
-        sentence_counts = []
         for text, text_spans in zip(texts, spans, strict=True):
             words = [text[start:end] for start, end in text_spans]
-            ranges = sentence_ranges(words)
-            sentences.extend(words[start:end] for start, end in ranges)
-            sentence_counts.append(len(ranges))
-        sentence_tags = iter(self.model.tag(sentences))
+            sentences.extend(words[start:end] for start, end in sentence_ranges(words))
+        tags = self.model.tag_flat(sentences)
         tagged = []
-        for text_spans, count in zip(spans, sentence_counts, strict=True):
-            text_tags = [tag for _ in range(count) for tag in next(sentence_tags)]
+        offset = 0
+        for text_spans in spans:
+            text_tags = tags[offset:offset + len(text_spans)]
+            offset += len(text_spans)
             tagged.append([(start, end, tag) for (start, end), tag in zip(text_spans, text_tags, strict=True)])
         return tagged
 
