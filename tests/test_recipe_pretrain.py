@@ -114,13 +114,20 @@ def assert_png(path: Path) -> None:
 
 @contextlib.contextmanager
 def single_thread():
-    """One intra-op thread: on a shared, busy 2-core machine torch's thread pool makes tiny models ~10x slower."""
+    """One intra-op thread (on a shared, busy 2-core machine torch's thread pool makes tiny models ~10x slower);
+    also undoes the recipe's process-wide logging verbosity, so that other test modules are not affected."""
+    import datasets
+    import transformers
+
     threads = torch.get_num_threads()
+    verbosity = transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity()
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        transformers.utils.logging.set_verbosity(verbosity[0])
+        datasets.utils.logging.set_verbosity(verbosity[1])
 
 
 @pytest.fixture(autouse=True)
