@@ -1,7 +1,8 @@
 """Train-step time and peak memory of MinimaxTrainer against the plain Trainer on the same BertForMaskedLM.
 
 Every configuration gets its own copy of the same model and the same batches. Steps are interleaved (one step of each
-configuration per round), so machine noise hits all of them alike; the reported time is the median over rounds.
+configuration per round), so machine noise hits all of them alike; the reported ratio is the median over rounds
+of the per-round ratio to the plain Trainer.
 A step is what the Trainer's loop does per optimizer step: ``get_batch_samples`` + ``training_step`` (forward,
 per-task reduce, weigh, backward) + ``optimizer.step``. Peak memory is the peak RSS of a separate process running
 only that configuration (VmHWM on CPU), or the peak allocated CUDA memory on a GPU.
@@ -36,27 +37,41 @@ def make_batches(n: int, batch: int, seq: int, vocab: int, seed: int = 0) -> lis
     for _ in range(n):
         ids = torch.randint(1000, vocab, (batch, seq), generator=g)
         target = torch.rand(batch, seq, generator=g) < 0.15
-        batches.append({
-            "input_ids": torch.where(target, 103, ids),
-            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-            "labels": torch.where(target, ids, -100),
-            "task_ids": torch.where(target, torch.randint(0, len(TASKS), (batch, seq), generator=g), -100),
-        })
+        batches.append(
+            {
+                "input_ids": torch.where(target, 103, ids),
+                "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+                "labels": torch.where(target, ids, -100),
+                "task_ids": torch.where(target, torch.randint(0, len(TASKS), (batch, seq), generator=g), -100),
+            }
+        )
     return batches
 
 
 def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> Trainer:
     torch.manual_seed(0)
-    bert = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=max(1, hidden // 64),
-                      intermediate_size=4 * hidden, max_position_embeddings=max(512, seq))
+    bert = BertConfig(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=max(1, hidden // 64),
+        intermediate_size=4 * hidden,
+        max_position_embeddings=max(512, seq),
+    )
     model = BertForMaskedLM(bert)
-    common = dict(output_dir=out, report_to=[], use_cpu=not torch.cuda.is_available(), learning_rate=1e-4,
-                  max_grad_norm=0.0, disable_tqdm=True)
+    common = dict(
+        output_dir=out,
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        learning_rate=1e-4,
+        max_grad_norm=0.0,
+        disable_tqdm=True,
+    )
     if config == "plain":
         return Trainer(model=model, args=TrainingArguments(**common))
     weighting = "minimax" if config == "minimax-full-logits" else config
-    args = MinimaxTrainingArguments(**common, task_names=TASKS, weighting=weighting,
-                                    sparse_mlm_head=config != "minimax-full-logits")
+    args = MinimaxTrainingArguments(
+        **common, task_names=TASKS, weighting=weighting, sparse_mlm_head=config != "minimax-full-logits"
+    )
     return MinimaxTrainer(model=model, args=args)
 
 
@@ -96,8 +111,20 @@ def time_interleaved(configs: list[str], rounds: int, warmup: int, cli: argparse
 
 def peak_memory_mb(config: str, cli: argparse.Namespace) -> float:
     """Peak memory of a process that runs only ``config`` for a few steps."""
-    command = [sys.executable, __file__, "--memory-of", config, "--layers", str(cli.layers), "--hidden",
-               str(cli.hidden), "--seq-len", str(cli.seq_len), "--batch-size", str(cli.batch_size)]
+    command = [
+        sys.executable,
+        __file__,
+        "--memory-of",
+        config,
+        "--layers",
+        str(cli.layers),
+        "--hidden",
+        str(cli.hidden),
+        "--seq-len",
+        str(cli.seq_len),
+        "--batch-size",
+        str(cli.batch_size),
+    ]
     return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
 
 
@@ -131,23 +158,40 @@ def main() -> None:
     configs = ["plain", *(c for c in cli.configs if c != "plain")]
     times = time_interleaved(configs, cli.rounds, cli.warmup, cli)
     memory = {c: peak_memory_mb(c, cli) for c in configs}
-    base_time, base_memory = statistics.median(times["plain"]), memory["plain"]
+    base_memory = memory["plain"]
+    # ratio within each round (same batch, same moment), then the median over rounds: robust to load drifting
     rows = [
-        {"config": c, "median_step_s": statistics.median(times[c]),
-         "time_ratio": statistics.median(times[c]) / base_time,
-         "peak_memory_mb": memory[c], "memory_ratio": memory[c] / base_memory}
+        {
+            "config": c,
+            "median_step_s": statistics.median(times[c]),
+            "time_ratio": statistics.median(t / p for t, p in zip(times[c], times["plain"], strict=True)),
+            "peak_memory_mb": memory[c],
+            "memory_ratio": memory[c] / base_memory,
+        }
         for c in configs
     ]
-    setup = {"model": f"BertForMaskedLM {cli.layers} layers, hidden {cli.hidden}", "seq_len": cli.seq_len,
-             "batch_size": cli.batch_size, "tasks": len(TASKS), "rounds": cli.rounds,
-             "device": "cuda" if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)",
-             "torch": torch.__version__}
+    setup = {
+        "model": f"BertForMaskedLM {cli.layers} layers, hidden {cli.hidden}",
+        "seq_len": cli.seq_len,
+        "batch_size": cli.batch_size,
+        "tasks": len(TASKS),
+        "rounds": cli.rounds,
+        "device": "cuda" if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "trainer_step.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=1))
-    lines = [f"Setup: {json.dumps(setup)}", "", "| configuration | median step (s) | time vs plain Trainer | "
-             "peak memory (MB) | memory vs plain |", "|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['median_step_s']:.4f} | {r['time_ratio']:.3f} | {r['peak_memory_mb']:.0f} | "
-              f"{r['memory_ratio']:.3f} |" for r in rows]
+    lines = [
+        f"Setup: {json.dumps(setup)}",
+        "",
+        "| configuration | median step (s) | time vs plain Trainer | peak memory (MB) | memory vs plain |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['config']} | {r['median_step_s']:.4f} | {r['time_ratio']:.3f} | {r['peak_memory_mb']:.0f} | "
+        f"{r['memory_ratio']:.3f} |"
+        for r in rows
+    ]
     (RESULTS / "trainer_step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
