@@ -41,6 +41,7 @@ from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded
 from robust_pretrain.glue.config import load_config_file, parse_with_config
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, plot_task_trajectories, task_report, write_task_report
+from robust_pretrain.task_losses import mlm_head_name
 
 logger = logging.getLogger("pretrain_pos_mlm")
 
@@ -288,10 +289,13 @@ def load_model(model_args: ModelArguments, tokenizer, max_seq_length: int):
             pad_token_id=tokenizer.pad_token_id,
         )
         model = BertForMaskedLM(config)
+        loading = {"missing_keys": set()}
     else:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
         try:
-            model = AutoModelForMaskedLM.from_pretrained(model_args.model_name_or_path)
+            model, loading = AutoModelForMaskedLM.from_pretrained(
+                model_args.model_name_or_path, output_loading_info=True
+            )
         except ValueError as error:
             raise ValueError(
                 f"{model_args.model_name_or_path} ({config.model_type}) has no masked-LM head "
@@ -302,11 +306,18 @@ def load_model(model_args: ModelArguments, tokenizer, max_seq_length: int):
     if model_args.use_lora:
         from peft import LoraConfig, get_peft_model
 
+        if model_args.model_name_or_path is None:
+            raise ValueError("use_lora: LoRA adapts a pretrained checkpoint; give --model_name_or_path")
+        head = mlm_head_name(model)
+        # A checkpoint without an MLM head (e.g. a sentence encoder) gets a fresh random head: train it and save it
+        # with the adapter, or base + adapter would not reproduce the trained masked LM.
+        fresh_head = head is not None and any(key.startswith(f"{head}.") for key in loading["missing_keys"])
         lora = LoraConfig(
             r=model_args.lora_r,
             lora_alpha=model_args.lora_alpha,
             lora_dropout=model_args.lora_dropout,
             target_modules=model_args.lora_target_modules,
+            modules_to_save=[head] if fresh_head else None,
         )
         model = get_peft_model(model, lora)
     return model

@@ -48,6 +48,18 @@ def reduce_by_task(losses: torch.Tensor, task_ids: torch.Tensor, num_tasks: int)
     return sums, counts
 
 
+def mlm_head_name(model: torch.nn.Module) -> str | None:
+    """Name of the child module holding the output embeddings (BERT: ``cls``, RoBERTa: ``lm_head``), if any."""
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    if output is None:
+        return None
+    for name, child in model.named_children():
+        if any(module is output for module in child.modules()):
+            return name
+    return None
+
+
 class TargetPositionsHead:
     """Makes a masked-LM head compute vocabulary logits only at target positions.
 
@@ -64,14 +76,8 @@ class TargetPositionsHead:
     def attach(cls, model: torch.nn.Module) -> TargetPositionsHead | None:
         """Hook the MLM head of ``model`` (also inside a peft wrapper); ``None`` if it has no output embeddings."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        get_output = getattr(base, "get_output_embeddings", None)
-        output = get_output() if callable(get_output) else None
-        if output is None:
-            return None
-        for _, child in base.named_children():
-            if any(module is output for module in child.modules()):
-                return cls(child)
-        return None
+        name = mlm_head_name(base)
+        return None if name is None else cls(base.get_submodule(name))
 
     def _keep_targets(self, module: torch.nn.Module, args: tuple) -> tuple | None:
         if self._mask is None or not args or not torch.is_tensor(args[0]):
