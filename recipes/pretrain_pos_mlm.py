@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import datasets
+import torch
 import transformers
 from datasets import Dataset, DatasetDict, load_dataset
 from transformers import (
@@ -485,6 +486,16 @@ def main(argv: list[str] | None = None) -> dict:
         trainer.create_model_card()
         if model_args.use_lora and model_args.merge_lora:
             merged = base.merge_and_unload()
+            if not merged.config.tie_word_embeddings:
+                # A trained head is no longer tied to the embeddings, and then transformers re-ties no parameter at
+                # load: a parameter shared inside the model (BERT's decoder.bias = predictions.bias) must be saved
+                # under every name, or it loads freshly initialised.
+                seen = set()
+                for name, param in list(merged.named_parameters(remove_duplicate=False)):
+                    if id(param) in seen:
+                        module, _, leaf = name.rpartition(".")
+                        setattr(merged.get_submodule(module), leaf, torch.nn.Parameter(param.detach().clone()))
+                    seen.add(id(param))
             merged.save_pretrained(output_dir / "merged")
             tokenizer.save_pretrained(output_dir / "merged")
     if training_args.push_to_hub:
