@@ -51,13 +51,14 @@ def render_model_card(
         )
         if report.get(key) is not None
     ]
+    hub_base_model = base_model if base_model and not Path(base_model).exists() else None  # a local path is no Hub id
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag="fill-mask",
         license="cc-by-sa-4.0" if training_data == EWT_DATA else None,
         tags=["robust-pretrain", "task-robust", "minimax", f"weighting-{report.get('weighting', 'unknown')}"],
         datasets=datasets or (["universal_dependencies"] if training_data == EWT_DATA else None),
-        base_model=base_model,
+        base_model=hub_base_model,
         model_name=model_name if eval_results else None,
         eval_results=eval_results or None,
     )
@@ -76,6 +77,7 @@ def render_model_card(
         model_name=model_name,
         architecture=architecture,
         base_model=base_model,
+        hub_base_model=hub_base_model,
         task_names=report["tasks"],
         settings=report.get("settings", {}),
         task_rows=rows,
