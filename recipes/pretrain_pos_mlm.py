@@ -11,6 +11,7 @@ last checkpoint in ``output_dir`` when there is one.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
@@ -38,8 +39,8 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.card import EWT_DATA, render_model_card
+from robust_pretrain.config import load_config_file, parse_with_config
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
-from robust_pretrain.glue.config import load_config_file, parse_with_config
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, plot_task_trajectories, task_report, write_task_report
 from robust_pretrain.task_losses import mlm_head_name
@@ -144,12 +145,13 @@ class DataArguments:
 
 def _task_spec_from_argv(argv: list[str]) -> str | None:
     """--task_spec from the command line or the --config file: task_names default to the spec's task names."""
-    spec = None
-    if "--config" in argv:
-        spec = load_config_file(argv[argv.index("--config") + 1]).get("task_spec")
-    if "--task_spec" in argv:
-        spec = argv[argv.index("--task_spec") + 1]
-    return spec
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--config")
+    peek.add_argument("--task_spec")
+    known, _ = peek.parse_known_args(argv)
+    if known.task_spec is None and known.config is not None:
+        return load_config_file(known.config).get("task_spec")
+    return known.task_spec
 
 
 def check_output_dir(

@@ -11,8 +11,8 @@ import pytest
 from test_glue_support import SHARED_TASKS, make_synthetic_glue, mnli_rows, write_tsv
 from transformers import HfArgumentParser
 
+from robust_pretrain.config import parse_with_config
 from robust_pretrain.glue import check_glue_files, get_task, glue_features, load_glue, primary_score, read_glue_tsv
-from robust_pretrain.glue.config import parse_with_config
 from robust_pretrain.glue.finetune import GlueDataArguments, GlueRunArguments, GlueTrainingArguments, LoraArguments
 
 # Schema of the Hub dataset nyu-mll/glue (column order, label names in id order), written out independently.

@@ -25,7 +25,7 @@ from transformers import (
 )
 from transformers.trainer_utils import SaveStrategy
 
-from robust_pretrain.glue.config import parse_with_config
+from robust_pretrain.config import parse_with_config
 from robust_pretrain.glue.data import load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task

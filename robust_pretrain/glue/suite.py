@@ -22,7 +22,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard
 from transformers import HfArgumentParser
 
-from robust_pretrain.glue.config import parse_with_config
+from robust_pretrain.config import parse_with_config
 from robust_pretrain.glue.data import check_glue_files
 from robust_pretrain.glue.finetune import (
     GlueDataArguments,
