@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         raise RuntimeError(f"shared data not found at {SHARED_DATA}; clone the project next to ../shared")
     return SHARED_DATA
+
+
+@pytest.fixture
+def local_hub() -> Iterator:
+    """A local Hub-compatible server, with the in-process client pointed at it (online) for the test's duration."""
+    from robust_pretrain.testing import LocalHubServer, use_local_hub
+
+    with LocalHubServer() as hub, use_local_hub(hub.endpoint):
+        yield hub

@@ -46,12 +46,6 @@ PUBLISHED = {
 TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "checkpoint-2/model.safetensors"}
 
 
-@pytest.fixture
-def local_hub() -> Iterator[LocalHubServer]:
-    """A local Hub, with the in-process client pointed at it (online) for the duration of the test."""
-    with LocalHubServer() as hub, use_local_hub(hub.endpoint):
-        yield hub
-
 
 @pytest.fixture
 def closed_endpoint() -> Iterator[str]:

