@@ -313,9 +313,10 @@ def test_server_stops_by_itself() -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(url, timeout=5)
         assert info.value.code == 404  # first request: answered
-        with pytest.raises(urllib.error.HTTPError) as info:
+        with pytest.raises((urllib.error.HTTPError, ConnectionError)) as info:
             urllib.request.urlopen(url, timeout=5)
-        assert info.value.code == 503  # over budget: refused, then the server shuts down
+        # over budget: refused with 503 (or, when the shutdown wins the race, the connection is cut), then it stops
+        assert not isinstance(info.value, urllib.error.HTTPError) or info.value.code == 503
         deadline = time.monotonic() + 5
         while hub.running and time.monotonic() < deadline:
             time.sleep(0.05)

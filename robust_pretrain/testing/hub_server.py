@@ -275,6 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
         if hub.request_count >= hub.max_requests:
             self.close_connection = True
             self._send_error(_HttpError(503, "LocalHubServer request budget exhausted; stopping"))
+            self.wfile.flush()  # the refusal is on the wire before the connections are cut
             threading.Thread(target=hub.stop, daemon=True).start()
             return
         try:
