@@ -21,9 +21,18 @@ SCRIPT = Path(__file__).with_name("tiny_training.py")
 
 def make_args(tmp_path, **overrides) -> MinimaxTrainingArguments:
     options = dict(
-        output_dir=str(tmp_path / "out"), task_names=TASKS, per_device_train_batch_size=8, max_steps=1,
-        learning_rate=1e-3, max_grad_norm=0.0, report_to=[], use_cpu=True, seed=7, disable_tqdm=True,
-        save_strategy="no", logging_steps=1,
+        output_dir=str(tmp_path / "out"),
+        task_names=TASKS,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        learning_rate=1e-3,
+        max_grad_norm=0.0,
+        report_to=[],
+        use_cpu=True,
+        seed=7,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
     )
     options.update(overrides)
     return MinimaxTrainingArguments(**options)
@@ -50,7 +59,9 @@ class GradRecorder(TrainerCallback):
 
 def first_step_grads(tmp_path, weighting=None, **overrides):
     trainer = MinimaxTrainer(
-        model=tiny_bert(), args=make_args(tmp_path, **overrides), train_dataset=as_dataset(masked_examples(8)),
+        model=tiny_bert(),
+        args=make_args(tmp_path, **overrides),
+        train_dataset=as_dataset(masked_examples(8)),
         weighting=weighting,
     )
     recorder = GradRecorder()
@@ -133,9 +144,22 @@ def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_pat
     single, double = tmp_path / "single", tmp_path / "ddp"
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(single), "--batch_size", "8"], check=True, env=env)
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-         str(SCRIPT), "--out", str(double), "--batch_size", "4"],
-        check=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29531",
+            str(SCRIPT),
+            "--out",
+            str(double),
+            "--batch_size",
+            "4",
+        ],
+        check=True,
+        env=env,
     )
     reference = load_file(single / "grads-rank0.safetensors")
     for rank in (0, 1):
@@ -147,8 +171,22 @@ def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_pat
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-    common = ["--num_examples", "32", "--batch_size", "4", "--max_steps", "8", "--save_steps", "4",
-              "--dropout", "0.1", "--loss_ema", "0.5", "--grad_accum", "2"]
+    common = [
+        "--num_examples",
+        "32",
+        "--batch_size",
+        "4",
+        "--max_steps",
+        "8",
+        "--save_steps",
+        "4",
+        "--dropout",
+        "0.1",
+        "--loss_ema",
+        "0.5",
+        "--grad_accum",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(straight), *common], check=True, env=env)
@@ -226,8 +264,10 @@ def test_non_finite_task_loss_names_the_task_and_step(tmp_path):
 def test_logs_and_evaluation_report_per_task_numbers(tmp_path):
     examples = masked_examples(16)
     trainer = MinimaxTrainer(
-        model=tiny_bert(), args=make_args(tmp_path, max_steps=2, per_device_train_batch_size=4),
-        train_dataset=as_dataset(examples), eval_dataset=as_dataset(examples),
+        model=tiny_bert(),
+        args=make_args(tmp_path, max_steps=2, per_device_train_batch_size=4),
+        train_dataset=as_dataset(examples),
+        eval_dataset=as_dataset(examples),
     )
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -246,9 +286,11 @@ def test_logs_and_evaluation_report_per_task_numbers(tmp_path):
 @pytest.mark.parametrize("strategy", ["uncertainty", "gradnorm"])
 def test_learnable_weightings_are_trained_by_the_optimizer(tmp_path, strategy):
     trainer = MinimaxTrainer(
-        model=tiny_bert(), train_dataset=as_dataset(masked_examples(16)),
-        args=make_args(tmp_path, weighting=strategy, max_steps=3, per_device_train_batch_size=4,
-                       weighting_learning_rate=0.1),
+        model=tiny_bert(),
+        train_dataset=as_dataset(masked_examples(16)),
+        args=make_args(
+            tmp_path, weighting=strategy, max_steps=3, per_device_train_batch_size=4, weighting_learning_rate=0.1
+        ),
     )
     (param,) = trainer.weighting.parameters()
     before = param.detach().clone()
@@ -262,11 +304,22 @@ def test_learnable_weightings_are_trained_by_the_optimizer(tmp_path, strategy):
 
 def test_example_level_task_ids_for_sequence_classification(tmp_path):
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, num_labels=3, hidden_dropout_prob=0, attention_probs_dropout_prob=0)
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+        hidden_dropout_prob=0,
+        attention_probs_dropout_prob=0,
+    )
     model = BertForSequenceClassification(config)
-    batch = {"input_ids": torch.randint(5, 64, (6, 8)), "labels": torch.tensor([0, 1, 2, 0, 1, 2]),
-             "task_ids": torch.tensor([0, 0, 1, 1, 2, 2])}
+    batch = {
+        "input_ids": torch.randint(5, 64, (6, 8)),
+        "labels": torch.tensor([0, 1, 2, 0, 1, 2]),
+        "task_ids": torch.tensor([0, 0, 1, 1, 2, 2]),
+    }
     trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, weighting="average"))
     loss = one_step(trainer, batch)
     logits = model(input_ids=batch["input_ids"]).logits
@@ -324,3 +377,25 @@ def test_bf16_autocast_trains_with_fp32_task_losses(tmp_path):
     _, trainer = first_step_grads(tmp_path, bf16=True)
     entry = next(e for e in trainer.state.log_history if "loss" in e)
     assert math.isfinite(entry["loss"]) and all(math.isfinite(entry[f"task_loss/{t}"]) for t in TASKS)
+
+
+def test_tensorboard_receives_task_weights_and_losses(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = MinimaxTrainer(
+        model=tiny_bert(),
+        train_dataset=as_dataset(masked_examples(16)),
+        args=make_args(
+            tmp_path,
+            max_steps=2,
+            per_device_train_batch_size=4,
+            report_to=["tensorboard"],
+        ),
+    )
+    trainer.train()
+    events = EventAccumulator(str(next(tmp_path.rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {f"train/task_weight/{t}" for t in TASKS} | {f"train/task_loss/{t}" for t in TASKS} <= tags
+    weights = [events.Scalars(f"train/task_weight/{t}")[-1].value for t in TASKS]
+    assert sum(weights) == pytest.approx(1.0, abs=1e-5)
