@@ -335,7 +335,7 @@ def test_server_stops_by_itself() -> None:
         endpoint = hub.endpoint
         time.sleep(0.5)
         assert not hub.running
-        with pytest.raises(urllib.error.URLError):
+        with pytest.raises(OSError):  # refused (URLError) or, racing the socket's close, reset: nothing answers
             urllib.request.urlopen(f"{endpoint}/api/whoami-v2", timeout=5)
 
 
