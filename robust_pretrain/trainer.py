@@ -21,6 +21,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -124,10 +125,7 @@ class MinimaxTrainer(Trainer):
         labels = inputs.pop("labels")
         mask, ids = target_task_ids(labels, task_ids, self.num_tasks)
         sparse = self.mlm_head is not None and labels.shape == inputs.get("input_ids", labels).shape
-        if sparse:
-            with self.mlm_head.select(mask):
-                outputs = model(**inputs)
-        else:
+        with self.mlm_head.select(mask) if sparse else nullcontext():
             outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         if logits.shape[:-1] == labels.shape:
