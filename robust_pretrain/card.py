@@ -79,6 +79,7 @@ def render_model_card(
         base_model=base_model,
         hub_base_model=hub_base_model,
         task_names=report["tasks"],
+        weighting=report.get("weighting"),
         settings=report.get("settings", {}),
         task_rows=rows,
         mean_loss=_fmt(report.get("eval_mean_task_loss")),
