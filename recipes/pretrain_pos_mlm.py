@@ -198,17 +198,15 @@ def last_complete_checkpoint(output_dir: Path) -> str | None:
 
 
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments) -> dict:
-    keep = set(asdict(model_args)) | set(asdict(data_args))
-    config = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k in keep}
-    config.update(training_args.weighting_options())
+    config = {**asdict(model_args), **asdict(data_args), **training_args.weighting_options()}
     config.update(weighting=training_args.weighting, task_names=list(training_args.task_names), seed=training_args.seed)
     return config
 
 
-def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> DatasetDict:
+def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
     """Embedded UD-EWT text by default, else a Hub dataset or local files; always a train and a validation split."""
     if data_args.dataset_name is not None:
-        raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
+        raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name)
     elif data_args.train_file is not None:
         files = {"train": data_args.train_file}
         if data_args.validation_file is not None:
@@ -220,7 +218,7 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None) -> Datase
         builder = {"txt": "text", "jsonl": "json"}.get(extension, extension)
         if builder not in ("text", "json", "csv", "parquet"):
             raise ValueError(f"train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
-        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir)
+        raw = load_dataset(builder, data_files=files)
     else:
         raw = DatasetDict({"train": load_embedded_corpus("train"), "validation": load_embedded_corpus("test")})
     if "validation" not in raw:
@@ -371,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(checkpoint)
     set_seed(training_args.seed)
 
-    raw = load_raw_datasets(data_args, cache_dir=None)
+    raw = load_raw_datasets(data_args)
     tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], resume_checkpoint)
     model = load_model(model_args, tokenizer, data_args.max_seq_length)
 

@@ -114,7 +114,8 @@ class MinimaxTrainingArguments(TrainingArguments):
 
     def weighting_options(self) -> dict:
         """The options of the chosen strategy, read from this object's fields."""
-        return {name: getattr(self, name) for name in _WEIGHTING_FIELDS if name in accepted_options(self.weighting)}
+        accepted = accepted_options(self.weighting)
+        return {name: getattr(self, name) for name in _WEIGHTING_FIELDS if name in accepted}
 
     def build_weighting(self) -> Weighting:
         """Instantiate the configured strategy for ``len(task_names)`` tasks."""
