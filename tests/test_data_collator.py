@@ -182,3 +182,16 @@ def test_invalid_configuration_is_reported(tokenizer):
         TaskGroupedMLMCollator(tokenizer, mlm_probability=1.5)
     with pytest.raises(ValueError, match="lack"):
         TaskGroupedMLMCollator(tokenizer)([{"input_ids": [101, 102]}])
+
+
+@pytest.mark.parametrize("mode", ["per_token", "per_example"])
+def test_task_ids_beyond_the_collators_tasks_are_refused(tokenizer, mode):
+    # features tagged with a 17-task spec (one task per UPOS tag) hold ids up to 16; the default collator has 9
+    rows = _synthetic([[15, 3, -1], [2, 9]])
+    collator = TaskGroupedMLMCollator(tokenizer, mode=mode, mlm_probability=1.0, seed=0)
+    with pytest.raises(ValueError, match=r"token_task_ids \[9, 15\], but the collator has 9 tasks"):
+        collator(rows)
+    with pytest.raises(ValueError, match=r"token_task_ids \[-2\]"):
+        collator(_synthetic([[-2, 1]]))
+    valid = collator(_synthetic([[8, -1, 0]]))["task_ids"][0].tolist()
+    assert valid[0] == valid[2] == valid[4] == -100 and {valid[1], valid[3]} in ({8, 0}, {8, -100}, {-100, 0})

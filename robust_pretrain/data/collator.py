@@ -96,6 +96,7 @@ class TaskGroupedMLMCollator:
             raise ValueError(f"features lack {missing}; produce them with robust_pretrain.data.tokenize_and_tag")
         self._reseed_in_worker()
         input_ids, attention_mask, special, word_ids, token_tasks = self._pad(features)
+        self._check_task_ids(token_tasks)
         if self.mode == "per_token":
             targets = self._per_token_targets(word_ids, token_tasks)
         else:
@@ -109,6 +110,16 @@ class TaskGroupedMLMCollator:
         input_ids = torch.where(to_mask, self.tokenizer.mask_token_id, input_ids)
         input_ids = torch.where(to_random, random_ids, input_ids)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "task_ids": task_ids}
+
+    def _check_task_ids(self, token_tasks: torch.Tensor) -> None:
+        """Reject task ids outside ``-1 .. num_tasks - 1`` (features built with another task spec)."""
+        out_of_range = token_tasks[(token_tasks < -1) | (token_tasks >= self.num_tasks)]
+        if out_of_range.numel():
+            raise ValueError(
+                f"features hold token_task_ids {sorted(set(out_of_range.tolist()))}, but the collator has "
+                f"{self.num_tasks} tasks (valid ids 0..{self.num_tasks - 1}, -1 for no task); build the features "
+                "(tokenize_and_tag) and the collator with the same task spec"
+            )
 
     def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
         """Right- or left-pad (``tokenizer.padding_side``) every column to the batch length."""
