@@ -195,3 +195,35 @@ def test_task_ids_beyond_the_collators_tasks_are_refused(tokenizer, mode):
         collator(_synthetic([[-2, 1]]))
     valid = collator(_synthetic([[8, -1, 0]]))["task_ids"][0].tolist()
     assert valid[0] == valid[2] == valid[4] == -100 and {valid[1], valid[3]} in ({8, 0}, {8, -100}, {-100, 0})
+
+
+def _assigned_tasks(batch: dict[str, torch.Tensor]) -> list[int]:
+    """The task of each sequence's targets (-1 without targets); per_example masks one task per sequence."""
+    assigned = []
+    for row_tasks, row_labels in zip(batch["task_ids"], batch["labels"], strict=True):
+        tasks = row_tasks[row_labels != -100].unique().tolist()
+        assert len(tasks) <= 1
+        assigned.append(tasks[0] if tasks else -1)
+    return assigned
+
+
+def test_per_example_coverage_is_a_maximum_matching_not_all_tasks(tokenizer):
+    # batch size 9 = number of tasks, yet 8 sequences hold only nouns: any assignment covers at most 2 tasks
+    rows = _synthetic([[1, 1, 1]] * 8 + [list(range(NUM_TASKS))])
+    for seed in range(10):
+        assigned = _assigned_tasks(TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=seed)(rows))
+        assert assigned[:8] == [1] * 8 and assigned[8] != 1
+    # the guarantee: as many distinct tasks as a maximum matching, hence all present tasks when Hall's condition holds
+    rng = np.random.default_rng(0)
+    hall_batches = 0
+    for seed in range(60):
+        present = rng.random((int(rng.integers(2, 12)), NUM_TASKS)) < rng.uniform(0.05, 0.4)
+        rows = _synthetic([np.flatnonzero(row).tolist() for row in present])
+        assigned = _assigned_tasks(TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=seed)(rows))
+        assert all(present[s, t] if t >= 0 else not present[s].any() for s, t in enumerate(assigned))
+        covered = {t for t in assigned if t >= 0}
+        assert len(covered) == _max_coverable_tasks(present)
+        if _max_coverable_tasks(present) == int(present.any(axis=0).sum()):
+            hall_batches += 1
+            assert covered == set(np.flatnonzero(present.any(axis=0)).tolist())
+    assert 10 <= hall_batches <= 50  # both cases occur

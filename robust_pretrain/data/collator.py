@@ -25,9 +25,13 @@ class TaskGroupedMLMCollator:
         ``per_example``: each sequence gets one task, present in it, and only that task's words are masked, in random
         order, skipping words that would exceed ``round(mlm_probability * non-special tokens)`` target tokens (the
         first word is always taken; fewer targets if the task has fewer tokens). Tasks are balanced within the
-        batch: a maximum matching first gives every task present in the batch its own sequence (so with batch size
-        >= number of tasks every task the data holds appears), then each remaining sequence takes its least-covered
-        task (rarer tasks first on ties).
+        batch: a maximum matching between tasks and the sequences containing them first gives as many distinct
+        tasks as possible their own sequence, then each remaining sequence takes its least-covered task (rarer
+        tasks first on ties). Guaranteed: no one-task-per-sequence choice covers more distinct tasks; every task
+        present in the batch appears if and only if every k of them occur together in at least k sequences (Hall's
+        condition, e.g. when each present task occurs in at least as many sequences as there are present tasks).
+        A batch size >= number of tasks is not enough: of 9 sequences where 8 hold only nouns, at most 2 tasks
+        can be covered.
 
     Targets are replaced by the mask token with ``mask_replace_prob``, by a random token with
     ``random_replace_prob`` and kept otherwise (80/10/10). Words of no task (punctuation, numbers, ...), special
