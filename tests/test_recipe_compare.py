@@ -1,4 +1,5 @@
-"""``recipes/compare_weightings.py``: strategies x seeds (+ a sweep) on a tiny budget; the table matches the runs."""
+"""``robust_pretrain.pretraining.compare`` (``recipes/compare_weightings.py``): strategies x seeds (+ a sweep) on a
+tiny budget; the table matches the runs."""
 
 from __future__ import annotations
 
@@ -14,16 +15,14 @@ import pytest
 from test_recipe_pretrain import (  # noqa: F401  (_one_thread: fixture)
     DEMO_CONFIG,
     PNG_MAGIC,
-    RECIPES,
     _one_thread,
     assert_png,
     corpus_texts,
-    load_recipe,
     write_texts,
 )
 
-compare = load_recipe("compare_weightings")
-pretrain = load_recipe("pretrain_pos_mlm")
+from robust_pretrain.pretraining import compare
+from robust_pretrain.pretraining import pos_mlm as pretrain
 
 OVERRIDES = [
     "--max_steps", "2", "--warmup_steps", "0", "--vocab_size", "1000", "--max_seq_length", "64",
@@ -36,12 +35,15 @@ OVERRIDES = [
 def recipe_calls(monkeypatch) -> list[list[str]]:
     """Each run's command, executed in-process by the pretraining recipe's ``main`` instead of a new interpreter."""
     calls: list[list[str]] = []
+    real_run = subprocess.run
 
     def run(command, check=False, **kwargs):
+        if command[:1] != [sys.executable]:  # not ours (matplotlib's font cache runs fc-list)
+            return real_run(command, check=check, **kwargs)
         assert check is True
-        assert command[:2] == [sys.executable, str(RECIPES / "pretrain_pos_mlm.py")]
+        assert command[:3] == [sys.executable, "-m", "robust_pretrain.pretraining.pos_mlm"]
         calls.append(command)
-        pretrain.main(command[2:])
+        pretrain.main(command[3:])
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(compare.subprocess, "run", run)
@@ -149,7 +151,14 @@ def test_no_sweep_no_frontier(tmp_path: Path, monkeypatch) -> None:
         }
         (out / run / "seed-7").mkdir(parents=True)
         (out / run / "seed-7" / "task_report.json").write_text(json.dumps(report))
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was re-run"))
+    real_run = subprocess.run
+
+    def run(command, **kwargs):
+        if command[:1] == [sys.executable]:
+            pytest.fail(f"a finished run was re-run: {command}")
+        return real_run(command, **kwargs)  # matplotlib's font cache runs fc-list
+
+    monkeypatch.setattr(compare.subprocess, "run", run)
     result = compare.main(["--strategies", "average", "minimax", "--seeds", "7", "--output_dir", str(out)])
     assert result["runs"]["minimax"]["worst_task_loss"] == {"mean": 2.5, "std": 0.0}
     markdown = (out / "comparison.md").read_text()

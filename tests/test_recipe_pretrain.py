@@ -1,4 +1,5 @@
-"""End-to-end tests of ``recipes/pretrain_pos_mlm.py`` (GitHub issue 4), on tiny budgets.
+"""End-to-end tests of the PoS-MLM pre-training recipe (``robust_pretrain.pretraining.pos_mlm``, run as
+``recipes/pretrain_pos_mlm.py``; GitHub issue 4), on tiny budgets.
 
 The recipe's ``main(argv)`` runs in-process; subprocesses are used only for several processes. One from-scratch run
 on the embedded corpus with the demo config (:func:`pretrained_run`) is shared by every test that only reads it,
@@ -8,7 +9,6 @@ here and in ``test_downstream.py``.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
+
+from robust_pretrain.pretraining import common as recipe_common
+from robust_pretrain.pretraining import pos_mlm as recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES = REPO_ROOT / "recipes"
@@ -46,19 +48,6 @@ TINY = [
     "--logging_steps", "1",
     "--disable_tqdm", "true",
 ]  # fmt: skip
-
-
-def load_recipe(name: str) -> ModuleType:
-    """Import ``recipes/<name>.py`` once (the recipes directory is not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, RECIPES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file executes
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-recipe = load_recipe("pretrain_pos_mlm")
 
 
 def argv(output_dir: Path, *extra: str, config: Path | None = DEMO_CONFIG) -> list[str]:
@@ -411,7 +400,7 @@ def test_resume_after_kill(tmp_path: Path, small_files) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == -9
-    complete = recipe.last_complete_checkpoint(output_dir)
+    complete = recipe_common.last_complete_checkpoint(output_dir)
     done = int(complete.rsplit("-", 1)[1])
     assert 2 <= done < 500 and not (output_dir / "task_report.json").exists()
     vocab = AutoTokenizer.from_pretrained(complete).get_vocab()
@@ -632,14 +621,14 @@ def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, mo
     from robust_pretrain.testing import DEFAULT_TOKEN, LocalHubServer, use_local_hub
 
     output_dir = tmp_path / "out"
-    real_push = recipe.push_or_explain
+    real_push = recipe_common.push_or_explain
     with LocalHubServer() as hub, use_local_hub(hub.endpoint):
 
         def push_after_outage(fn, **kwargs):
             hub.stop()
             return real_push(fn, **kwargs)
 
-        monkeypatch.setattr(recipe, "push_or_explain", push_after_outage)
+        monkeypatch.setattr(recipe_common, "push_or_explain", push_after_outage)
         with pytest.raises(HubPublishError) as info:
             recipe.main(_hub_args(output_dir, small_files, "local-user/lost", DEFAULT_TOKEN))
     assert info.value.reason == "unreachable"

@@ -1,0 +1,204 @@
+"""Train several weighting strategies on the same data, seeds and step budget, and compare per-task held-out loss.
+
+    robust-pretrain-compare --config recipes/configs/demo.yaml --strategies average minimax \\
+        --seeds 42 43 --output_dir outputs/compare [--sweep alpha=0.5,1,2] [-- --max_steps 300 ...]
+
+Each run is the pre-training recipe (``python -m robust_pretrain.pretraining.pos_mlm``) in its own process (prefix it
+with ``--launcher "accelerate launch --num_processes 2 ..."`` for several processes), written to
+``<output_dir>/<run>/seed-<seed>``; finished runs (with a ``task_report.json``) are not recomputed. Options after
+``--`` go to every run. Writes ``comparison.json``, ``comparison.md``, ``comparison_tasks.png`` (per-task loss, mean
+and worst case, with the spread across seeds) and, with ``--sweep``, ``frontier.png`` (worst-case against mean loss
+for every run: the trade-off frontier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from robust_pretrain.reporting import TASK_REPORT_NAME
+from robust_pretrain.weighting import WEIGHTINGS, accepted_options
+
+RECIPE_MODULE = "robust_pretrain.pretraining.pos_mlm"
+
+
+def parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
+    if text is None:
+        return None, []
+    name, _, values = text.partition("=")
+    swept = [v for v in values.split(",") if v]
+    if not name or not swept:
+        raise ValueError(f"--sweep must look like setting=v1,v2,..., got {text!r}")
+    return name, swept
+
+
+def plan_runs(strategies: list[str], sweep: str | None) -> list[tuple[str, str, dict[str, str]]]:
+    """(run name, strategy, extra options); the sweep applies to the strategies that take the setting."""
+    name, values = parse_sweep(sweep)
+    runs = []
+    for strategy in strategies:
+        if strategy not in WEIGHTINGS:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {sorted(WEIGHTINGS)}")
+        if name is not None and name in accepted_options(strategy):
+            runs += [(f"{strategy}-{name}={value}", strategy, {name: value}) for value in values]
+        else:
+            runs.append((strategy, strategy, {}))
+    if name is not None and not any(options for _, _, options in runs):
+        takers = sorted(s for s in WEIGHTINGS if name in accepted_options(s))
+        raise ValueError(
+            f"--sweep {name!r} is a setting of none of the strategies {strategies}"
+            + (f"; it applies to {takers}" if takers else "")
+        )
+    return runs
+
+
+def run_one(run_dir: Path, strategy: str, seed: int, options: dict[str, str], cli: argparse.Namespace) -> dict:
+    report = run_dir / TASK_REPORT_NAME
+    if not report.is_file():
+        command = [*(shlex.split(cli.launcher) if cli.launcher else [sys.executable]), "-m", RECIPE_MODULE]
+        if cli.config:
+            command += ["--config", cli.config]
+        command += ["--weighting", strategy, "--seed", str(seed), "--output_dir", str(run_dir)]
+        for key, value in options.items():
+            command += [f"--{key}", value]
+        command += cli.overrides
+        print("+", shlex.join(command), flush=True)
+        subprocess.run(command, check=True)
+    return json.loads(report.read_text())
+
+
+def summarise(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def aggregate(reports: dict[str, list[dict]]) -> dict:
+    """Per run: per-task loss, mean task loss and worst task loss, each as mean and std over seeds."""
+    table = {}
+    for run, seeds in reports.items():
+        tasks = seeds[0]["tasks"]
+        table[run] = {
+            "seeds": len(seeds),
+            "task_loss": {t: summarise([r["eval_task_loss"][t] for r in seeds]) for t in tasks},
+            "mean_task_loss": summarise([r["eval_mean_task_loss"] for r in seeds]),
+            "worst_task_loss": summarise([r["eval_worst_task_loss"] for r in seeds]),
+            "worst_tasks": sorted({r["worst_task"] for r in seeds}),
+        }
+    return table
+
+
+def markdown(table: dict, baseline: str | None) -> str:
+    runs = list(table)
+    tasks = list(next(iter(table.values()))["task_loss"])
+
+    def cell(stat: dict) -> str:
+        return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] else f"{stat['mean']:.4f}"
+
+    lines = ["| task | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {t} | " + " | ".join(cell(table[r]["task_loss"][t]) for r in runs) + " |" for t in tasks]
+    lines.append("| **mean** | " + " | ".join(cell(table[r]["mean_task_loss"]) for r in runs) + " |")
+    lines.append("| **worst** | " + " | ".join(cell(table[r]["worst_task_loss"]) for r in runs) + " |")
+    lines.append("| worst task | " + " | ".join(", ".join(table[r]["worst_tasks"]) for r in runs) + " |")
+    if baseline in table:
+        base = table[baseline]
+        lines += [
+            "",
+            f"Relative change against `{baseline}` (negative is better):",
+            "",
+            "| run | mean task loss | worst task loss |",
+            "|---|---|---|",
+        ]
+        for run in runs:
+            if run != baseline:
+                mean = table[run]["mean_task_loss"]["mean"] / base["mean_task_loss"]["mean"] - 1
+                worst = table[run]["worst_task_loss"]["mean"] / base["worst_task_loss"]["mean"] - 1
+                lines.append(f"| {run} | {mean:+.1%} | {worst:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict, reports: dict[str, list[dict]], output_dir: Path, frontier: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(table)
+    tasks = list(next(iter(table.values()))["task_loss"])
+    columns = [*tasks, "mean", "worst"]
+    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(columns)), 4.5), constrained_layout=True)
+    for i, run in enumerate(runs):
+        stats = [table[run]["task_loss"][t] for t in tasks] + [
+            table[run]["mean_task_loss"],
+            table[run]["worst_task_loss"],
+        ]
+        positions = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(columns))]
+        ax.bar(positions, [s["mean"] for s in stats], width, yerr=[s["std"] for s in stats], label=run, capsize=2)
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+    ax.set_ylabel("held-out MLM loss")
+    lows = [table[r]["task_loss"][t]["mean"] for r in runs for t in tasks]
+    ax.set_ylim(min(lows) * 0.95, None)
+    ax.legend(fontsize=8)
+    ax.set_title("per-task held-out loss (error bars: std over seeds)")
+    fig.savefig(output_dir / "comparison_tasks.png", dpi=110)
+    plt.close(fig)
+    if frontier:
+        fig, ax = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
+        for run, seeds in reports.items():
+            means = [r["eval_mean_task_loss"] for r in seeds]
+            worsts = [r["eval_worst_task_loss"] for r in seeds]
+            ax.scatter(means, worsts, label=run)
+        ax.set(xlabel="mean task loss", ylabel="worst task loss", title="trade-off frontier (one point per run)")
+        ax.legend(fontsize=8)
+        fig.savefig(output_dir / "frontier.png", dpi=110)
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="config file of the pre-training recipe shared by every run")
+    parser.add_argument("--strategies", nargs="+", default=["average", "minimax"], help="weighting strategies")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="seeds; each strategy runs with each")
+    parser.add_argument(
+        "--sweep", help="one setting over values, e.g. alpha=0.5,1,2 or loss_normalization=raw,relative"
+    )
+    parser.add_argument("--output_dir", required=True, help="where runs and the comparison are written")
+    parser.add_argument("--baseline", default="average", help="run the relative changes are measured against")
+    parser.add_argument("--launcher", default="", help='e.g. "accelerate launch --num_processes 2 ..."')
+    cli = parser.parse_args(own)
+    cli.overrides = overrides
+    if cli.config and not Path(cli.config).is_file():
+        parser.error(f"config file not found: {cli.config}")
+    try:
+        runs = plan_runs(cli.strategies, cli.sweep)
+    except ValueError as err:
+        parser.error(str(err))
+    output_dir = Path(cli.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    reports: dict[str, list[dict]] = {}
+    for run, strategy, options in runs:
+        reports[run] = [run_one(output_dir / run / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds]
+    table = aggregate(reports)
+    result = {
+        "strategies": cli.strategies,
+        "seeds": cli.seeds,
+        "sweep": cli.sweep,
+        "overrides": overrides,
+        "runs": table,
+    }
+    (output_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+    (output_dir / "comparison.md").write_text(markdown(table, cli.baseline))
+    plot(table, reports, output_dir, frontier=cli.sweep is not None)
+    print(markdown(table, cli.baseline))
+    return result
+
+
+if __name__ == "__main__":
+    main()

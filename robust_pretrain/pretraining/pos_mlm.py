@@ -1,0 +1,435 @@
+"""Task-robust masked-LM pre-training over part-of-speech tasks (PoS-BERT), in the conventions of HF's run_mlm.py.
+
+    accelerate launch recipes/pretrain_pos_mlm.py --config recipes/configs/demo.yaml [--max_steps 100 ...]
+    robust-pretrain-pos-mlm --config recipes/configs/demo.yaml      (the same, one process)
+
+Every option can come from the ``--config`` YAML/JSON file and be overridden on the command line. The run writes into
+``output_dir``: the model (safetensors), config and tokenizer (or a peft adapter), ``task_report.json``,
+``task_weights.png``, a model card (README.md), ``*_results.json`` and the Trainer's checkpoints; it resumes from the
+last checkpoint in ``output_dir`` when there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertTokenizerFast,
+    HfArgumentParser,
+    default_data_collator,
+    set_seed,
+)
+
+from robust_pretrain.card import EWT_DATA, render_model_card
+from robust_pretrain.config import load_config_file, parse_with_config
+from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.pretraining.common import (
+    create_trainer,
+    prepare_output_dir,
+    push,
+    setup_logging,
+    train_and_evaluate,
+    write_report_and_card,
+    write_run_config,
+)
+from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
+from robust_pretrain.task_losses import mlm_head_name
+from robust_pretrain.training_args import MinimaxTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+# Settings that must agree between a run and the checkpoints it resumes from.
+RESUME_KEYS = (
+    "model_name_or_path",
+    "model_size",
+    "tokenizer_name",
+    "use_lora",
+    "max_seq_length",
+    "task_spec",
+    "masking",
+    "weighting",
+    "task_names",
+)
+MODEL_SIZES = {  # from-scratch BERT presets: layers, hidden, heads, intermediate
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "medium": (8, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+}
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Checkpoint (local dir or Hub id) to continue pre-training; it must load with "
+            "AutoModelForMaskedLM. Leave unset to train a BERT from scratch (see model_size)."
+        },
+    )
+    model_size: str = field(
+        default="tiny", metadata={"help": "From-scratch BERT preset.", "choices": list(MODEL_SIZES)}
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fast tokenizer to use (default: the checkpoint's; from scratch: a WordPiece tokenizer "
+            "trained on the training text)."
+        },
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of a tokenizer trained from scratch."})
+    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["query", "value"], metadata={"help": "Module names that get LoRA adapters."}
+    )
+    merge_lora: bool = field(
+        default=False, metadata={"help": "Also save the base model with the adapters merged into output_dir/merged."}
+    )
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset on the Hub (datasets.load_dataset)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of dataset_name."})
+    train_file: str | None = field(
+        default=None, metadata={"help": "Training text: .txt, .json/.jsonl, .csv or .parquet."}
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Held-out text, same formats as train_file."})
+    text_column_name: str = field(default="text", metadata={"help": "Column holding the raw text."})
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percent of the training data held out when there is no validation split."}
+    )
+    max_seq_length: int = field(default=128, metadata={"help": "Tokens per sequence (special tokens included)."})
+    pack: bool = field(default=True, metadata={"help": "Concatenate texts and cut them into max_seq_length blocks."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tagging."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the tagged datasets."})
+    task_spec: str | None = field(
+        default=None,
+        metadata={"help": "YAML file mapping task name -> UPOS tags (default: the paper's nine PoS tasks)."},
+    )
+    tagger: str = field(default="shipped", metadata={"help": "PoS tagger backend: 'shipped' or 'nltk'."})
+    masking: str = field(
+        default="per_token",
+        metadata={
+            "help": "'per_token': mask words of every task; 'per_example': one task per sequence.",
+            "choices": ["per_token", "per_example"],
+        },
+    )
+    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of task words masked."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the held-out set."})
+    eval_masking_seed: int = field(
+        default=1234,
+        metadata={
+            "help": "Seed of the held-out masks, fixed once so every evaluation and every run sees the same targets."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Start afresh even if output_dir holds checkpoints (they are deleted)."}
+    )
+
+
+def _task_spec_from_argv(argv: list[str]) -> str | None:
+    """--task_spec from the command line or the --config file: task_names default to the spec's task names."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--config")
+    peek.add_argument("--task_spec")
+    known, _ = peek.parse_known_args(argv)
+    if known.task_spec is None and known.config is not None:
+        return load_config_file(known.config).get("task_spec")
+    return known.task_spec
+
+
+def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments) -> dict:
+    config = {**asdict(model_args), **asdict(data_args), **training_args.weighting_options()}
+    config.update(weighting=training_args.weighting, task_names=list(training_args.task_names), seed=training_args.seed)
+    return config
+
+
+def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
+    """Embedded UD-EWT text by default, else a Hub dataset or local files; always a train and a validation split."""
+    if data_args.dataset_name is not None:
+        raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+    elif data_args.train_file is not None:
+        files = {"train": data_args.train_file}
+        if data_args.validation_file is not None:
+            files["validation"] = data_args.validation_file
+        for path in files.values():
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"data file not found: {path}")
+        extension = Path(data_args.train_file).suffix.lstrip(".")
+        builder = {"txt": "text", "jsonl": "json"}.get(extension, extension)
+        if builder not in ("text", "json", "csv", "parquet"):
+            raise ValueError(f"train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
+        raw = load_dataset(builder, data_files=files)
+    else:
+        raw = DatasetDict({"train": load_embedded_corpus("train"), "validation": load_embedded_corpus("test")})
+    if "validation" not in raw:
+        if "test" in raw:
+            raw["validation"] = raw["test"]
+        else:
+            split = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100, seed=0)
+            raw = DatasetDict({"train": split["train"], "validation": split["test"]})
+    for name in ("train", "validation"):
+        if data_args.text_column_name not in raw[name].column_names:
+            raise ValueError(
+                f"the {name} data has no text column {data_args.text_column_name!r} "
+                f"(columns: {raw[name].column_names}); set --text_column_name"
+            )
+    return raw
+
+
+def train_wordpiece_tokenizer(texts: list[str], vocab_size: int) -> BertTokenizerFast:
+    """An uncased BERT WordPiece tokenizer trained on ``texts``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=512)
+
+
+def load_tokenizer(
+    model_args: ModelArguments, training_args: MinimaxTrainingArguments, texts: list[str], checkpoint: str | None
+):
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
+        name = checkpoint  # resuming a from-scratch run: keep the vocabulary its checkpoint was trained with
+    if name is not None:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        if not tokenizer.is_fast:
+            raise ValueError(f"{name} has no fast tokenizer; PoS alignment needs character offsets")
+        return tokenizer
+    # WordPiece training is not deterministic: the first process trains the tokenizer, the others load its copy.
+    with training_args.main_process_first(local=False, desc="training the WordPiece tokenizer"):
+        if training_args.process_index == 0:
+            tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size)
+            if training_args.world_size > 1:
+                tokenizer.save_pretrained(training_args.output_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+    return tokenizer
+
+
+def load_model(model_args: ModelArguments, tokenizer, max_seq_length: int):
+    if model_args.model_name_or_path is None:
+        layers, hidden, heads, intermediate = MODEL_SIZES[model_args.model_size]
+        config = BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=max(512, max_seq_length),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = BertForMaskedLM(config)
+        loading = {"missing_keys": set()}
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        try:
+            model, loading = AutoModelForMaskedLM.from_pretrained(
+                model_args.model_name_or_path, output_loading_info=True
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"{model_args.model_name_or_path} ({config.model_type}) has no masked-LM head "
+                "that AutoModelForMaskedLM can load"
+            ) from error
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+    if model_args.use_lora:
+        from peft import LoraConfig, get_peft_model
+
+        if model_args.model_name_or_path is None:
+            raise ValueError("use_lora: LoRA adapts a pretrained checkpoint; give --model_name_or_path")
+        head = mlm_head_name(model)
+        # A checkpoint without an MLM head (e.g. a sentence encoder) gets a fresh random head: train it and save it
+        # with the adapter, or base + adapter would not reproduce the trained masked LM.
+        fresh_head = head is not None and any(key.startswith(f"{head}.") for key in loading["missing_keys"])
+        lora = LoraConfig(
+            r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            target_modules=model_args.lora_target_modules,
+            modules_to_save=[head] if fresh_head else None,
+        )
+        model = get_peft_model(model, lora)
+    return model
+
+
+def premask(dataset: Dataset, collator: TaskGroupedMLMCollator, max_seq_length: int, pad_id: int) -> Dataset:
+    """Apply the masking once (fixed seed) and store the result, so every evaluation scores the same targets."""
+    columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "task_ids": []}
+    fill = {"input_ids": pad_id, "attention_mask": 0, "labels": -100, "task_ids": -100}
+    for start in range(0, len(dataset), 256):
+        batch = collator([dataset[i] for i in range(start, min(start + 256, len(dataset)))])
+        for key, values in columns.items():
+            for row in batch[key].tolist():
+                values.append(row + [fill[key]] * (max_seq_length - len(row)))
+    return Dataset.from_dict(columns)
+
+
+def save_merged(model, tokenizer, directory: Path) -> None:
+    """Save the base model with its LoRA adapters merged in (and the tokenizer) into ``directory``."""
+    merged = model.merge_and_unload()
+    if not merged.config.tie_word_embeddings:
+        # A trained head is no longer tied to the embeddings, and then transformers re-ties no parameter at load: a
+        # parameter shared inside the model (BERT's decoder.bias = predictions.bias) must be saved under every
+        # name, or it loads freshly initialised.
+        seen = set()
+        for name, param in list(merged.named_parameters(remove_duplicate=False)):
+            if id(param) in seen:
+                module, _, leaf = name.rpartition(".")
+                setattr(merged.get_submodule(module), leaf, torch.nn.Parameter(param.detach().clone()))
+            seen.add(id(param))
+    merged.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = TaskSpec.resolve(_task_spec_from_argv(argv))
+    parser = HfArgumentParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
+    parser.set_defaults(task_names=spec.task_names, report_to=[], save_total_limit=3)
+    model_args, data_args, training_args = parse_with_config(parser, argv)
+    if list(training_args.task_names) != spec.task_names:
+        raise ValueError(f"task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
+
+    setup_logging(training_args, logger)
+    logger.info(
+        "weighting=%s tasks=%s output_dir=%s", training_args.weighting, spec.task_names, training_args.output_dir
+    )
+    resume_checkpoint = prepare_output_dir(
+        training_args,
+        run_config(model_args, data_args, training_args),
+        RESUME_KEYS,
+        overwrite=data_args.overwrite_output_dir,
+    )
+    set_seed(training_args.seed)
+
+    raw = load_raw_datasets(data_args)
+    tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], resume_checkpoint)
+    model = load_model(model_args, tokenizer, data_args.max_seq_length)
+
+    with training_args.main_process_first(desc="tokenizing and PoS-tagging"):
+        tagged = {
+            name: tokenize_and_tag(
+                raw[name],
+                tokenizer,
+                spec,
+                data_args.tagger,
+                text_column=data_args.text_column_name,
+                max_seq_length=data_args.max_seq_length,
+                pack=data_args.pack,
+                num_proc=data_args.preprocessing_num_workers,
+                load_from_cache_file=not data_args.overwrite_cache,
+            )
+            for name in ("train", "validation")
+        }
+    train_dataset, eval_dataset = tagged["train"], tagged["validation"]
+    if data_args.max_train_samples is not None:
+        train_dataset = train_dataset.select(range(min(data_args.max_train_samples, len(train_dataset))))
+    if data_args.max_eval_samples is not None:
+        eval_dataset = eval_dataset.select(range(min(data_args.max_eval_samples, len(eval_dataset))))
+
+    def collator(seed: int) -> TaskGroupedMLMCollator:
+        return TaskGroupedMLMCollator(
+            tokenizer,
+            spec,
+            mode=data_args.masking,
+            mlm_probability=data_args.mlm_probability,
+            pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
+            seed=seed,
+        )
+
+    eval_dataset = premask(
+        eval_dataset, collator(data_args.eval_masking_seed), data_args.max_seq_length, tokenizer.pad_token_id
+    )
+    train_collator = collator(training_args.seed + training_args.process_index)
+
+    def collate(features: list[dict]) -> dict:
+        """Held-out features are already masked; training features are masked on the fly."""
+        return default_data_collator(features) if "labels" in features[0] else train_collator(features)
+
+    write_run_config(training_args, run_config(model_args, data_args, training_args))
+    trainer = create_trainer(
+        training_args,
+        model=model,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=collate,
+    )
+    eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
+
+    settings = {
+        "weighting": training_args.weighting,
+        "settings": {
+            "weighting": training_args.weighting,
+            **training_args.weighting_options(),
+            "masking": data_args.masking,
+            "mlm_probability": data_args.mlm_probability,
+            "max_seq_length": data_args.max_seq_length,
+            "max_steps": trainer.state.max_steps,
+            "learning_rate": training_args.learning_rate,
+            "per_device_train_batch_size": training_args.per_device_train_batch_size,
+            "seed": training_args.seed,
+            "processes": training_args.world_size,
+        },
+    }
+    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, settings)
+    output_dir = Path(training_args.output_dir)
+    base = trainer.accelerator.unwrap_model(trainer.model)
+    write_report_and_card(
+        trainer,
+        report,
+        spec.task_names,
+        lambda: render_model_card(
+            output_dir,
+            report,
+            spec.to_dict(),
+            model_name=training_args.hub_model_id or output_dir.name,
+            architecture=type(base.get_base_model() if model_args.use_lora else base).__name__,
+            repo_or_path=training_args.hub_model_id or str(output_dir),
+            base_model=model_args.model_name_or_path,
+            training_data=EWT_DATA
+            if data_args.dataset_name is None and data_args.train_file is None
+            else f"{data_args.dataset_name or data_args.train_file} (see its own license).",
+            datasets=[data_args.dataset_name] if data_args.dataset_name else None,
+            tagger=f"the `{data_args.tagger}` tagger backend",
+            plot=TRAJECTORY_PLOT_NAME,
+        ),
+    )
+    if training_args.should_save and model_args.use_lora and model_args.merge_lora:
+        save_merged(base, tokenizer, output_dir / "merged")
+    push(trainer)
+    return {**eval_metrics, "report": report}
+
+
+if __name__ == "__main__":
+    main()
