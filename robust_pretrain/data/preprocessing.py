@@ -148,6 +148,12 @@ def _renumber(token_words: list[int]) -> list[int]:
     return [new_ids.setdefault(w, len(new_ids)) if w >= 0 else -1 for w in token_words]
 
 
+def _require_column(batch: dict[str, list], column: str) -> dict[str, list]:
+    if column not in batch:
+        raise ValueError(f"text column {column!r} not in the stream's columns {list(batch)}")
+    return {}
+
+
 def _tokenizer_fingerprint(tokenizer: Any) -> str:
     return Hasher.hash([type(tokenizer).__name__, tokenizer.backend_tokenizer.to_str()])
 
@@ -194,10 +200,13 @@ def tokenize_and_tag(
     if column_names is not None and text_column not in column_names:
         raise ValueError(f"text column {text_column!r} not in dataset columns {column_names}")
     function = _TokenizeAndTag(tokenizer, spec, tagger, text_column, max_seq_length, pack)
-    remove_columns = column_names if column_names is not None else [text_column]
     if isinstance(dataset, IterableDataset):
-        return dataset.map(
-            function, batched=True, batch_size=batch_size, remove_columns=remove_columns, features=FEATURES
+        if column_names is None:  # undeclared columns (from_generator): check the text column as rows arrive
+            dataset = dataset.map(_require_column, batched=True, batch_size=batch_size,
+                                  fn_kwargs={"column": text_column})
+        # keep only the text, so that no other column leaks into the rows or breaks packing
+        return dataset.select_columns([text_column]).map(
+            function, batched=True, batch_size=batch_size, remove_columns=[text_column], features=FEATURES
         )
     fingerprint = Hasher.hash(
         [
@@ -216,7 +225,7 @@ def tokenize_and_tag(
         function,
         batched=True,
         batch_size=batch_size,
-        remove_columns=remove_columns,
+        remove_columns=column_names,
         features=FEATURES,
         num_proc=num_proc,
         new_fingerprint=fingerprint,
