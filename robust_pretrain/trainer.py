@@ -25,6 +25,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+import transformers
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -50,6 +51,12 @@ class MinimaxTrainer(Trainer):
     loss_is_scaled_for_ga = True
 
     def __init__(self, *args: Any, weighting: Weighting | None = None, **kwargs: Any) -> None:
+        if "loss_is_scaled_for_ga" not in vars(Trainer):
+            # Older Trainers ignore the attribute and divide every loss without `num_items_in_batch` by GA again.
+            raise ImportError(
+                "MinimaxTrainer needs transformers>=5.19 (Trainer.loss_is_scaled_for_ga), "
+                f"found {transformers.__version__}"
+            )
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, MinimaxTrainingArguments):
             raise TypeError(f"MinimaxTrainer needs MinimaxTrainingArguments, got {type(self.args).__name__}")

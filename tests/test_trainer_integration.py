@@ -1,0 +1,48 @@
+"""MinimaxTrainer inside the Trainer's machinery: version floor, columns, evaluation, metrics, Trainer options."""
+
+import pytest
+import torch
+from test_trainer import GradRecorder, make_args, max_relative_difference
+from tiny_training import as_dataset, masked_examples
+from transformers import Trainer
+
+from robust_pretrain import MinimaxTrainer
+
+
+class PerTokenModel(torch.nn.Module):
+    """A token's logits depend only on that token; ``forward`` has neither ``labels`` nor ``**kwargs``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(64, 8)
+        self.out = torch.nn.Linear(8, 64)
+
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": self.out(self.embed(input_ids))}
+
+
+def trained_grads(tmp_path, model, dataset, **overrides):
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, **overrides), train_dataset=dataset)
+    recorder = GradRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train()
+    return recorder.grads
+
+
+def test_accumulation_without_loss_kwargs_matches_one_big_batch(tmp_path):
+    """A forward without ``**kwargs`` (the Trainer's rule would divide by GA again) at GA = 2 equals one batch of 8."""
+    dataset = as_dataset(masked_examples(8))
+    options = dict(weighting="average", remove_unused_columns=False)
+    full = trained_grads(tmp_path / "a", PerTokenModel(), dataset, **options)
+    options.update(per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    accumulated = trained_grads(tmp_path / "b", PerTokenModel(), dataset, **options)
+    assert max_relative_difference(full, accumulated) <= 1e-5
+
+
+def test_a_trainer_without_loss_is_scaled_for_ga_is_refused(tmp_path, monkeypatch):
+    """transformers < 5.19 has no ``Trainer.loss_is_scaled_for_ga`` and would divide the loss by GA a second time."""
+    monkeypatch.delattr(Trainer, "loss_is_scaled_for_ga")
+    with pytest.raises(ImportError, match=r"transformers>=5\.19"):
+        MinimaxTrainer(model=PerTokenModel(), args=make_args(tmp_path))
