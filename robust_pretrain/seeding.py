@@ -1,0 +1,95 @@
+"""Stateless randomness for collators and data transforms: every draw comes from ``(seed, epoch, example key)``.
+
+A stateful generator advanced batch after batch breaks as soon as batches are produced elsewhere or skipped: in
+DataLoader workers, on other processes, or when a resumed ``Trainer`` fast-forwards past the batches it already
+trained on (without collating them). Deriving each example's generator from ``(seed, epoch, key)`` instead, where
+``key`` is a stable identity of the example (its ``id`` or a hash of its content), makes the draws
+
+- reproducible, and the same for a resumed run as for an uninterrupted one;
+- independent of the number of DataLoader workers, processes, batch size and order (different examples, hence
+  different workers' batches, draw differently);
+- different per epoch, once the epoch is set with ``set_epoch`` (:class:`SetEpochCallback` does it for a
+  ``Trainer``: it runs before the epoch's DataLoader iterator, hence its workers, is created).
+
+With ``dataloader_persistent_workers=True`` the workers keep the epoch they were started with; leave it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import numpy as np
+from transformers import TrainerCallback
+
+
+def stable_hash(value: Any) -> int:
+    """A 64-bit hash of ``value`` that is the same in every process and run (unlike ``hash``).
+
+    Strings, bytes, integers, numpy arrays and torch tensors hash by content (arrays by dtype, shape and bytes);
+    sequences and mappings hash element-wise, in order.
+    """
+    digest = hashlib.blake2b(digest_size=8)
+    _feed(digest, value)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, dict):
+        digest.update(b"d%d" % len(value))
+        for item_key, item in value.items():
+            _feed(digest, item_key)
+            _feed(digest, item)
+        return
+    if isinstance(value, list | tuple):
+        digest.update(b"l%d" % len(value))
+        for item in value:
+            _feed(digest, item)
+        return
+    if isinstance(value, bytes | bytearray | memoryview):
+        tag, payload = b"b", bytes(value)
+    elif isinstance(value, str):
+        tag, payload = b"s", value.encode()
+    elif isinstance(value, bool | int | np.integer):
+        tag, payload = b"i", str(int(value)).encode()
+    elif isinstance(value, float | np.floating):
+        tag, payload = b"f", np.float64(value).tobytes()
+    else:
+        array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        if array.dtype == object:
+            raise TypeError(f"cannot hash a value of type {type(value).__name__} stably")
+        tag, payload = f"a{array.dtype.str}{array.shape}".encode(), np.ascontiguousarray(array).tobytes()
+    digest.update(tag + len(payload).to_bytes(8, "little"))
+    digest.update(payload)
+
+
+def keyed_rng(seed: int, epoch: int, key: Any) -> np.random.Generator:
+    """The numpy generator for one example: a pure function of ``(seed, epoch, stable_hash(key))``."""
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, stable_hash(key)])))
+
+
+class SupportsSetEpoch(Protocol):
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+class SetEpochCallback(TrainerCallback):
+    """Call ``set_epoch(epoch)`` on each target (collators, dataset transforms) when the ``Trainer`` starts an epoch.
+
+    The epoch is the integer epoch the Trainer is about to run, also when it resumes in the middle of one
+    (``state.epoch`` is then fractional, e.g. 2.5 -> 2).
+    """
+
+    def __init__(self, targets: Iterable[SupportsSetEpoch]) -> None:
+        self.targets = list(targets)
+        for target in self.targets:
+            if not callable(getattr(target, "set_epoch", None)):
+                raise TypeError(f"{type(target).__name__} has no set_epoch method")
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        epoch = math.floor((state.epoch or 0.0) + 1e-6)
+        for target in self.targets:
+            target.set_epoch(epoch)
