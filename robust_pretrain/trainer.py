@@ -34,7 +34,8 @@ from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
 
 WEIGHTING_STATE_NAME = "weighting_state.json"
-TASK_COLUMNS = ("task_ids", "token_task_ids", "word_ids", "special_tokens_mask")
+#: batch columns kept whatever the model's ``forward`` accepts (``labels`` go with ``task_ids``, never to the model)
+TASK_COLUMNS = ("labels", "task_ids", "token_task_ids", "word_ids", "special_tokens_mask")
 
 
 class MinimaxTrainer(Trainer):
@@ -61,6 +62,9 @@ class MinimaxTrainer(Trainer):
         if not isinstance(self.args, MinimaxTrainingArguments):
             raise TypeError(f"MinimaxTrainer needs MinimaxTrainingArguments, got {type(self.args).__name__}")
         self.task_names: list[str] = list(self.args.task_names)
+        # compute_loss returns a loss for every batch (from `labels` + `task_ids` or the model's `task_losses`), so
+        # prediction_step must call it even for a model whose forward has no `labels` or `return_loss` parameter.
+        self.can_return_loss = True
         self.weighting = (weighting or self.args.build_weighting()).to(self.args.device)
         if self.weighting.num_tasks != self.num_tasks:
             raise ValueError(f"weighting has {self.weighting.num_tasks} tasks, task_names has {self.num_tasks}")

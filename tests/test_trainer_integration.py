@@ -3,7 +3,7 @@
 import pytest
 import torch
 from test_trainer import GradRecorder, make_args, max_relative_difference
-from tiny_training import as_dataset, masked_examples
+from tiny_training import TASKS, as_dataset, masked_examples
 from transformers import Trainer
 
 from robust_pretrain import MinimaxTrainer
@@ -46,3 +46,26 @@ def test_a_trainer_without_loss_is_scaled_for_ga_is_refused(tmp_path, monkeypatc
     monkeypatch.delattr(Trainer, "loss_is_scaled_for_ga")
     with pytest.raises(ImportError, match=r"transformers>=5\.19"):
         MinimaxTrainer(model=PerTokenModel(), args=make_args(tmp_path))
+
+
+def test_labels_are_kept_with_task_ids_when_forward_has_no_labels_parameter(tmp_path):
+    dataset = as_dataset(masked_examples(8))
+    kept = trained_grads(tmp_path / "a", PerTokenModel(), dataset)  # remove_unused_columns=True
+    reference = trained_grads(tmp_path / "b", PerTokenModel(), dataset, remove_unused_columns=False)
+    assert max_relative_difference(reference, kept) == 0.0
+
+
+def test_evaluation_computes_task_losses_for_a_model_without_labels_parameter(tmp_path):
+    """The Trainer evaluates a loss only for models taking ``labels`` or ``return_loss``; MinimaxTrainer always can."""
+    examples = masked_examples(6)
+    model = PerTokenModel()
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path), eval_dataset=as_dataset(examples))
+    metrics = trainer.evaluate()
+    mask = examples["labels"] != -100
+    with torch.no_grad():
+        losses = torch.nn.functional.cross_entropy(
+            model(examples["input_ids"])["logits"][mask], examples["labels"][mask], reduction="none"
+        )
+    ids = examples["task_ids"][mask]
+    for t, name in enumerate(TASKS):
+        assert metrics[f"eval_task_loss/{name}"] == pytest.approx(losses[ids == t].mean().item(), rel=1e-6)
