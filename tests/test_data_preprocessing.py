@@ -199,6 +199,22 @@ def test_num_proc_two_matches_one(tmp_path, wordpiece, corpus_sample):
     assert sum(t >= 0 for row in single["token_task_ids"] for t in row) > 1000
 
 
+def test_packing_gives_the_same_blocks_for_any_num_proc(tmp_path, wordpiece, corpus_sample):
+    # 119 texts in batches of 40: two processes split the texts at 60, which is not a batch boundary
+    sample = corpus_sample.select(range(119))
+    copies = []
+    for name in ("one", "two"):  # separate cache folders: datasets reuses a cache file whatever num_proc asks for
+        sample.save_to_disk(str(tmp_path / name))
+        copies.append(load_from_disk(str(tmp_path / name)))
+    single = tokenize_and_tag(copies[0], wordpiece, max_seq_length=64, pack=True, num_proc=1, batch_size=40)
+    double = tokenize_and_tag(copies[1], wordpiece, max_seq_length=64, pack=True, num_proc=2, batch_size=40)
+    assert single._fingerprint == double._fingerprint
+    streamed = tokenize_and_tag(sample.to_iterable_dataset(), wordpiece, max_seq_length=64, pack=True, batch_size=40)
+    assert _rows(double) == _rows(single) == _rows(streamed)
+    # a batch boundary is where a shorter block ends the packing of 40 texts: 3 batches -> 3 short blocks at most
+    assert sum(len(ids) < 64 for ids in single["input_ids"]) <= 3
+
+
 @pytest.mark.parametrize("pack", [False, True])
 def test_streaming_equals_eager(wordpiece, corpus_sample, pack):
     eager = tokenize_and_tag(corpus_sample, wordpiece, max_seq_length=64, pack=pack, batch_size=50)

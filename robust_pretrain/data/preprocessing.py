@@ -25,7 +25,7 @@ FEATURES = Features(
 """Output columns. ``word_ids``: word index within the sequence (0, 1, ...), -1 for special tokens and tokens
 outside any word. ``token_task_ids``: task id of the token's word, -1 for special tokens and non-task words."""
 
-_TRANSFORM_VERSION = "tokenize_and_tag/1"
+_TRANSFORM_VERSION = "tokenize_and_tag/2"
 _WHITESPACE = re.compile(r"\s")
 
 
@@ -45,18 +45,66 @@ def align_tokens_to_words(
     return token_words
 
 
+Row = tuple[list[int], list[int], list[int], list[int]]
+"""A sequence as (input_ids, special_tokens_mask, word_ids, token_task_ids)."""
+
+
 class _TokenizeAndTag:
-    """Batched ``datasets.map`` function (picklable: tokenizer, tagger and spec are sent to workers)."""
+    """Batched ``datasets.map`` function, one row per text (picklable: tokenizer, tagger and spec go to workers).
+
+    ``max_length=None`` gives the texts' tokens without special tokens and without truncation, for
+    :class:`_PackBlocks`.
+    """
 
     def __init__(
-        self, tokenizer: Any, spec: TaskSpec, tagger: Tagger, text_column: str, max_length: int, pack: bool
+        self, tokenizer: Any, spec: TaskSpec, tagger: Tagger, text_column: str, max_length: int | None
     ) -> None:
         self.tokenizer = tokenizer
         self.tag_to_task = spec.tag_to_task
         self.tagger = tagger
         self.text_column = text_column
         self.max_length = max_length
-        self.pack = pack
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        texts = batch[self.text_column]
+        for row, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"column {self.text_column!r} must hold strings; row {row} is {type(text).__name__}")
+        whole = self.max_length is None
+        encoded = self.tokenizer(
+            texts,
+            add_special_tokens=not whole,
+            truncation=not whole,
+            max_length=self.max_length,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            return_attention_mask=False,
+            verbose=False,
+        )
+        if whole:
+            tagged = self.tagger(texts)
+        else:  # tag only what survives truncation
+            tagged = self.tagger([_covered_prefix(t, o) for t, o in zip(texts, encoded["offset_mapping"], strict=True)])
+        rows: list[Row] = []
+        for ids, offsets, special, words in zip(
+            encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], tagged, strict=True
+        ):
+            token_words = align_tokens_to_words(offsets, special, words)
+            tasks = [self.tag_to_task.get(words[w][2], -1) if w >= 0 else -1 for w in token_words]
+            rows.append((ids, list(special), token_words, tasks))
+        return _columns(rows)
+
+
+class _PackBlocks:
+    """Batched ``datasets.map`` function: concatenate the rows of a batch (texts without special tokens) and cut
+    blocks of ``max_length`` tokens, special tokens included; the last, shorter block is kept.
+
+    Word indices are made unique across texts before cutting. Blocks depend only on which texts form a batch, so
+    this step runs in one process over the whole dataset (``datasets`` splits the rows among processes at places
+    that depend on ``num_proc``).
+    """
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
         probe = tokenizer("a", return_special_tokens_mask=True)
         mask = probe["special_tokens_mask"]
         if 0 not in mask:
@@ -70,56 +118,17 @@ class _TokenizeAndTag:
             raise ValueError(f"max_seq_length={max_length} leaves no room next to the tokenizer's special tokens")
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        texts = batch[self.text_column]
-        for row, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"column {self.text_column!r} must hold strings; row {row} is {type(text).__name__}")
-        encoded = self.tokenizer(
-            texts,
-            add_special_tokens=not self.pack,
-            truncation=not self.pack,
-            max_length=None if self.pack else self.max_length,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-            return_attention_mask=False,
-            verbose=False,
-        )
-        if self.pack:
-            tagged = self.tagger(texts)
-        else:  # tag only what survives truncation
-            tagged = self.tagger([_covered_prefix(t, o) for t, o in zip(texts, encoded["offset_mapping"], strict=True)])
-        rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
-        for ids, offsets, special, words in zip(
-            encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], tagged, strict=True
-        ):
-            token_words = align_tokens_to_words(offsets, special, words)
-            tasks = [self.tag_to_task.get(words[w][2], -1) if w >= 0 else -1 for w in token_words]
-            rows.append((ids, list(special), token_words, tasks))
-        if self.pack:
-            rows = self._pack(rows)
-        columns: dict[str, list] = {name: [] for name in FEATURES}
-        for ids, special, token_words, tasks in rows:
-            columns["input_ids"].append(ids)
-            columns["attention_mask"].append([1] * len(ids))
-            columns["special_tokens_mask"].append(special)
-            columns["word_ids"].append(_renumber(token_words))
-            columns["token_task_ids"].append(tasks)
-        return columns
-
-    def _pack(self, rows: list[tuple[list[int], list[int], list[int], list[int]]]) -> list:
-        """Concatenate the texts of a batch and cut blocks of ``max_length`` tokens (special tokens included).
-
-        Word indices are made unique across texts before cutting; the last, shorter block is kept.
-        """
         ids, words, tasks = [], [], []
         word_offset = 0
-        for text_ids, _, text_words, text_tasks in rows:
+        for text_ids, text_words, text_tasks in zip(
+            batch["input_ids"], batch["word_ids"], batch["token_task_ids"], strict=True
+        ):
             ids.extend(text_ids)
             words.extend(w + word_offset if w >= 0 else -1 for w in text_words)
             tasks.extend(text_tasks)
             word_offset += max(text_words, default=-1) + 1
         n_prefix, n_suffix = len(self.prefix_ids), len(self.suffix_ids)
-        blocks = []
+        blocks: list[Row] = []
         for start in range(0, len(ids), self.block_size):
             stop = start + self.block_size
             blocks.append(
@@ -130,7 +139,19 @@ class _TokenizeAndTag:
                     [-1] * n_prefix + tasks[start:stop] + [-1] * n_suffix,
                 )
             )
-        return blocks
+        return _columns(blocks)
+
+
+def _columns(rows: list[Row]) -> dict[str, list]:
+    """The :data:`FEATURES` columns of ``rows``, word indices renumbered 0, 1, ... per row."""
+    columns: dict[str, list] = {name: [] for name in FEATURES}
+    for ids, special, token_words, tasks in rows:
+        columns["input_ids"].append(ids)
+        columns["attention_mask"].append([1] * len(ids))
+        columns["special_tokens_mask"].append(special)
+        columns["word_ids"].append(_renumber(token_words))
+        columns["token_task_ids"].append(tasks)
+    return columns
 
 
 def _covered_prefix(text: str, offsets: Sequence[tuple[int, int]]) -> str:
@@ -183,7 +204,8 @@ def tokenize_and_tag(
         max_seq_length: tokens per sequence, special tokens included; default ``min(model_max_length, 512)``.
             Without packing longer texts are truncated, and only the part of a text that survives truncation is
             tagged (up to the end of the word the last token falls in).
-        pack: concatenate the texts of each map batch and cut them into ``max_seq_length`` blocks.
+        pack: concatenate the texts of each map batch and cut them into ``max_seq_length`` blocks. The blocks are
+            the same for any ``num_proc`` and for streaming (tagging runs in ``num_proc`` processes, packing in one).
         num_proc: worker processes for an eager ``Dataset`` (ignored for streaming).
         batch_size: texts per map batch (packing happens within a batch).
     """
@@ -199,36 +221,33 @@ def tokenize_and_tag(
     column_names = dataset.column_names
     if column_names is not None and text_column not in column_names:
         raise ValueError(f"text column {text_column!r} not in dataset columns {column_names}")
-    function = _TokenizeAndTag(tokenizer, spec, tagger, text_column, max_seq_length, pack)
+    tokenize = _TokenizeAndTag(tokenizer, spec, tagger, text_column, None if pack else max_seq_length)
+    pack_blocks = _PackBlocks(tokenizer, max_seq_length) if pack else None
+    map_options = {"batched": True, "batch_size": batch_size, "features": FEATURES}
     if isinstance(dataset, IterableDataset):
         if column_names is None:  # undeclared columns (from_generator): check the text column as rows arrive
             dataset = dataset.map(_require_column, batched=True, batch_size=batch_size,
                                   fn_kwargs={"column": text_column})
         # keep only the text, so that no other column leaks into the rows or breaks packing
-        return dataset.select_columns([text_column]).map(
-            function, batched=True, batch_size=batch_size, remove_columns=[text_column], features=FEATURES
-        )
-    fingerprint = Hasher.hash(
-        [
-            _TRANSFORM_VERSION,
-            dataset._fingerprint,
-            _tokenizer_fingerprint(tokenizer),
-            spec.to_dict(),
-            tagger.fingerprint,
-            text_column,
-            max_seq_length,
-            pack,
-            batch_size,
-        ]
-    )
-    return dataset.map(
-        function,
-        batched=True,
-        batch_size=batch_size,
+        tokenized = dataset.select_columns([text_column]).map(tokenize, remove_columns=[text_column], **map_options)
+        return tokenized.map(pack_blocks, **map_options) if pack else tokenized
+    settings = [_TRANSFORM_VERSION, _tokenizer_fingerprint(tokenizer), spec.to_dict(), tagger.fingerprint, text_column,
+                max_seq_length, pack, batch_size]
+    tokenized = dataset.map(
+        tokenize,
         remove_columns=column_names,
-        features=FEATURES,
         num_proc=num_proc,
-        new_fingerprint=fingerprint,
+        new_fingerprint=Hasher.hash([dataset._fingerprint, *settings]),
         load_from_cache_file=load_from_cache_file,
         desc="Tokenizing and PoS-tagging",
+        **map_options,
+    )
+    if not pack:
+        return tokenized
+    return tokenized.map(
+        pack_blocks,
+        new_fingerprint=Hasher.hash([tokenized._fingerprint, *settings]),
+        load_from_cache_file=load_from_cache_file,
+        desc="Packing",
+        **map_options,
     )
