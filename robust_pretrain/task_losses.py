@@ -34,11 +34,16 @@ def target_task_ids(labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int
     return mask, ids
 
 
-def per_target_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Unreduced loss of each target in fp32: cross-entropy for class labels, squared error for float labels."""
+def per_target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Unreduced loss of each target in fp32: cross-entropy for class labels, squared error for float labels.
+
+    ``label_smoothing`` eps gives ``(1 - eps) * NLL + eps * mean_v(-log p_v)`` (the Trainer's ``LabelSmoother``).
+    """
     if labels.is_floating_point():
+        if label_smoothing:
+            raise ValueError("label_smoothing_factor applies to class labels; these labels are float targets")
         return (logits.float().reshape(labels.shape) - labels.float()).pow(2)
-    return F.cross_entropy(logits.float(), labels, reduction="none")
+    return F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=label_smoothing)
 
 
 def reduce_by_task(losses: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> tuple[torch.Tensor, torch.Tensor]:

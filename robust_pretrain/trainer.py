@@ -61,6 +61,11 @@ class MinimaxTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, MinimaxTrainingArguments):
             raise TypeError(f"MinimaxTrainer needs MinimaxTrainingArguments, got {type(self.args).__name__}")
+        if self.compute_loss_func is not None:
+            raise ValueError(
+                "compute_loss_func: MinimaxTrainer computes one loss per task from `labels` and `task_ids`; "
+                "return per-task losses from the model as `task_losses` (and `task_counts`) instead"
+            )
         self.task_names: list[str] = list(self.args.task_names)
         # compute_loss returns a loss for every batch (from `labels` + `task_ids` or the model's `task_losses`), so
         # prediction_step must call it even for a model whose forward has no `labels` or `return_loss` parameter.
@@ -130,6 +135,10 @@ class MinimaxTrainer(Trainer):
                     "MinimaxTrainer needs `task_ids` in every batch (with `labels`) or a model that returns "
                     "`task_losses` (a dict task name -> loss)"
                 )
+            if self.label_smoother is not None:
+                raise ValueError(
+                    "label_smoothing_factor: the model computes its own `task_losses`; smooth its targets in the model"
+                )
             return (*self._sums_from_dict(task_losses, outputs.get("task_counts")), outputs)
         if "labels" not in inputs:
             raise ValueError("batch has `task_ids` but no `labels`")
@@ -143,7 +152,8 @@ class MinimaxTrainer(Trainer):
             logits = logits[mask]
         elif logits.shape[0] != ids.numel():
             raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
-        sums, counts = reduce_by_task(per_target_losses(logits, labels[mask]), ids, self.num_tasks)
+        smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
+        sums, counts = reduce_by_task(per_target_losses(logits, labels[mask], smoothing), ids, self.num_tasks)
         return sums, counts, outputs
 
     def _sums_from_dict(

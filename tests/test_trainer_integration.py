@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from test_trainer import GradRecorder, make_args, max_relative_difference
-from tiny_training import TASKS, as_dataset, masked_examples
-from transformers import Trainer
+from test_trainer import DictLossModel, GradRecorder, make_args, max_relative_difference, one_step
+from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
+from transformers import PretrainedConfig, Trainer
 
 from robust_pretrain import MinimaxTrainer
 
@@ -69,3 +69,30 @@ def test_evaluation_computes_task_losses_for_a_model_without_labels_parameter(tm
     ids = examples["task_ids"][mask]
     for t, name in enumerate(TASKS):
         assert metrics[f"eval_task_loss/{name}"] == pytest.approx(losses[ids == t].mean().item(), rel=1e-6)
+
+
+def test_label_smoothing_factor_smooths_every_task_loss(tmp_path):
+    args = make_args(tmp_path, weighting="average", label_smoothing_factor=0.2)
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args)
+    batch = masked_examples(4)
+    loss = one_step(trainer, batch)
+    mask = batch["labels"] != -100
+    log_probs = torch.log_softmax(tiny_bert()(input_ids=batch["input_ids"]).logits[mask], -1)
+    nll = -log_probs.gather(1, batch["labels"][mask][:, None]).squeeze(1)
+    smoothed = 0.8 * nll - 0.2 * log_probs.mean(-1)  # (1 - eps) * NLL + eps * cross-entropy with the uniform
+    ids = batch["task_ids"][mask]
+    expected = sum(smoothed[ids == t].mean() for t in range(len(TASKS))) / len(TASKS)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_compute_loss_func_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="compute_loss_func"):
+        MinimaxTrainer(model=PerTokenModel(), args=make_args(tmp_path), compute_loss_func=lambda *a, **k: 0)
+
+
+def test_label_smoothing_with_a_model_returning_task_losses_fails_clearly(tmp_path):
+    model = DictLossModel()
+    model.config = PretrainedConfig()  # the Trainer reads config.problem_type when label smoothing is on
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, label_smoothing_factor=0.1))
+    with pytest.raises(ValueError, match="label_smoothing_factor"):
+        one_step(trainer, {"x": torch.ones(4)})
