@@ -79,6 +79,7 @@ class MinimaxTrainer(Trainer):
         self._micro_index = 0
         self._train_sums = torch.zeros(2 * self.num_tasks)
         self._eval_sums = torch.zeros(2 * self.num_tasks)
+        self._collecting_predictions = False
         self._shared_params: list[torch.nn.Parameter] | None = None
         #: writes the run's model card; ``None`` keeps the Trainer's default card (see :meth:`create_model_card`)
         self.card_renderer: Callable[[], Any] | None = None
@@ -144,7 +145,11 @@ class MinimaxTrainer(Trainer):
             raise ValueError("batch has `task_ids` but no `labels`")
         labels = inputs.pop("labels")
         mask, ids = target_task_ids(labels, task_ids, self.num_tasks)
-        sparse = self.mlm_head is not None and labels.shape == inputs.get("input_ids", labels).shape
+        sparse = (
+            self.mlm_head is not None
+            and not self._collecting_predictions  # user code gets logits in the layout of the labels
+            and labels.shape == inputs.get("input_ids", labels).shape
+        )
         with self.mlm_head.select(mask) if sparse else nullcontext():
             outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
@@ -245,9 +250,20 @@ class MinimaxTrainer(Trainer):
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval",
     ):
-        """The Trainer's loop, plus per-task losses, their mean and the worst task's loss."""
+        """The Trainer's loop, plus per-task losses, their mean and the worst task's loss.
+
+        When predictions are collected (for ``compute_metrics`` or ``predict``) the MLM head computes full-size
+        logits, so ``preprocess_logits_for_metrics`` and ``compute_metrics`` see them in the layout of the labels.
+        """
         self._eval_sums.zero_()
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        loss_only = self.args.prediction_loss_only if prediction_loss_only is None else prediction_loss_only
+        self._collecting_predictions = not loss_only
+        try:
+            output = super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        finally:
+            self._collecting_predictions = False
         output.metrics.update(self.task_metrics(self._all_reduce(self._eval_sums).cpu(), metric_key_prefix))
         return output
 

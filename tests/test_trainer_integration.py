@@ -96,3 +96,33 @@ def test_label_smoothing_with_a_model_returning_task_losses_fails_clearly(tmp_pa
     trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, label_smoothing_factor=0.1))
     with pytest.raises(ValueError, match="label_smoothing_factor"):
         one_step(trainer, {"x": torch.ones(4)})
+
+
+def test_compute_metrics_gets_predictions_in_label_layout_with_the_sparse_head(tmp_path):
+    examples = masked_examples(6)
+    seen_shapes = []
+
+    def argmax(logits, labels):
+        seen_shapes.append((tuple(logits.shape[:-1]), tuple(labels.shape)))
+        return logits.argmax(-1)
+
+    def accuracy(prediction):
+        mask = prediction.label_ids != -100
+        return {"accuracy": float((prediction.predictions[mask] == prediction.label_ids[mask]).mean())}
+
+    args = make_args(tmp_path, per_device_eval_batch_size=4)
+    trainer = MinimaxTrainer(
+        model=tiny_bert(),
+        args=args,
+        eval_dataset=as_dataset(examples),
+        compute_metrics=accuracy,
+        preprocess_logits_for_metrics=argmax,
+    )
+    assert trainer.mlm_head is not None
+    metrics = trainer.evaluate()
+    assert seen_shapes == [((4, 16), (4, 16)), ((2, 16), (2, 16))]
+    with torch.no_grad():
+        predicted = tiny_bert()(input_ids=examples["input_ids"]).logits.argmax(-1)
+    mask = examples["labels"] != -100
+    expected = (predicted[mask] == examples["labels"][mask]).float().mean().item()
+    assert metrics["eval_accuracy"] == pytest.approx(expected)
