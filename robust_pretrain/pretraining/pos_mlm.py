@@ -33,7 +33,7 @@ from transformers import (
 
 from robust_pretrain.card import EWT_DATA, render_model_card
 from robust_pretrain.config import load_config_file, parse_with_config
-from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_embedded_corpus, tokenize_and_tag
+from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_ewt_corpus, tokenize_and_tag
 from robust_pretrain.pretraining.common import (
     create_trainer,
     prepare_output_dir,
@@ -111,6 +111,14 @@ class DataArguments:
     )
     validation_file: str | None = field(default=None, metadata={"help": "Held-out text, same formats as train_file."})
     text_column_name: str = field(default="text", metadata={"help": "Column holding the raw text."})
+    ud_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Default corpus when neither dataset_name nor train_file is given: a folder holding UD English-EWT "
+            "en_ewt-ud-{train,dev,test}.conllu, or hf://datasets/<owner>/<name>[/<folder>] (default: "
+            "../shared/data/ud_ewt beside the project)."
+        },
+    )
     validation_split_percentage: int = field(
         default=5, metadata={"help": "Percent of the training data held out when there is no validation split."}
     )
@@ -162,7 +170,7 @@ def run_config(model_args: ModelArguments, data_args: DataArguments, training_ar
 
 
 def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
-    """Embedded UD-EWT text by default, else a Hub dataset or local files; always a train and a validation split."""
+    """UD-EWT text (``ud_dir``) by default, else a Hub dataset or local files; always a train and a validation split."""
     if data_args.dataset_name is not None:
         raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name)
     elif data_args.train_file is not None:
@@ -178,7 +186,8 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
             raise ValueError(f"train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
         raw = load_dataset(builder, data_files=files)
     else:
-        raw = DatasetDict({"train": load_embedded_corpus("train"), "validation": load_embedded_corpus("test")})
+        raw = DatasetDict({split: load_ewt_corpus(source, data_args.ud_dir)
+                           for split, source in (("train", "train"), ("validation", "test"))})
     if "validation" not in raw:
         if "test" in raw:
             raw["validation"] = raw["test"]
