@@ -1,6 +1,9 @@
-"""Run GLUE tasks x seeds for several checkpoints; report average and worst task. See robust_pretrain.glue.suite."""
+"""Checkpoints x tasks x seeds (GLUE by default, ``--family`` for others); average and worst task.
 
-from robust_pretrain.glue.suite import main
+See robust_pretrain.evaluation.suite.
+"""
+
+from robust_pretrain.evaluation.suite import main
 
 if __name__ == "__main__":
     main()

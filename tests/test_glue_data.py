@@ -233,7 +233,8 @@ def test_config_file_errors(tmp_path: Path) -> None:
 
 
 def test_help_renders_for_both_recipes(capsys: pytest.CaptureFixture[str]) -> None:
-    from robust_pretrain.glue import finetune, suite
+    from robust_pretrain.evaluation import suite
+    from robust_pretrain.glue import finetune
 
     for main in (finetune.main, suite.main):
         with pytest.raises(SystemExit) as exit_info:
@@ -241,10 +242,11 @@ def test_help_renders_for_both_recipes(capsys: pytest.CaptureFixture[str]) -> No
         assert exit_info.value.code == 0
     help_text = capsys.readouterr().out
     assert "--lora_target_modules" in help_text and "--checkpoints" in help_text and "paper: 6%" in help_text
+    assert "--family" in help_text and "--overwrite_output_dir" in help_text
 
 
 def test_shipped_configs_parse() -> None:
-    from robust_pretrain.glue.suite import GlueSuiteArguments
+    from robust_pretrain.evaluation.suite import parse_suite_args
 
     configs = Path(__file__).resolve().parents[1] / "recipes" / "configs"
     required = ["--model_name_or_path", "m", "--task_name", "rte"]
@@ -252,9 +254,8 @@ def test_shipped_configs_parse() -> None:
         _finetune_parser(), ["--config", str(configs / "glue_finetune.yaml"), *required]
     )
     assert (training.learning_rate, training.warmup_steps, data.max_seq_length) == (2e-5, 0.06, 128)
-    parser = HfArgumentParser((GlueSuiteArguments, GlueDataArguments, LoraArguments, GlueTrainingArguments))
     argv = ["--config", str(configs / "glue_suite_local.yaml"), "--checkpoints", "a", "b", "--seeds", "1"]
-    suite_args, data, _, training = parse_with_config(parser, argv)
+    suite_args, (data, _, training) = parse_suite_args(argv)
     assert suite_args.tasks == ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"] and suite_args.seeds == [1]
     assert (training.num_train_epochs, data.glue_dir) == (3, "/work/shared/data/glue")
 

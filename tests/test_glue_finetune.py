@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from test_glue_support import SHARED_TASKS, make_synthetic_glue, make_tiny_bert
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from robust_pretrain.glue import finetune, get_task, load_glue, load_glue_metric
+from robust_pretrain.glue import finetune, get_task, load_glue, load_glue_metric, read_predictions
 
 FAST = ["--max_train_samples", "24", "--max_eval_samples", "20", "--max_steps", "2", "--disable_tqdm", "true"]
 
@@ -48,12 +48,34 @@ def test_finetune_every_shared_task(task: str, tiny_bert: Path, shared_data: Pat
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "tokenizer.json").is_file()
 
 
+def _recomputed(task: str, path: Path) -> dict[str, float]:
+    columns = read_predictions(task, path)
+    return load_glue_metric(task).compute(predictions=columns["prediction"], references=columns["label"])
+
+
 def test_finetune_mnli_reports_matched_and_mismatched(tiny_bert: Path, tmp_path: Path) -> None:
     glue_dir = make_synthetic_glue(tmp_path / "glue", count=30)
     metrics = _run(tiny_bert, "mnli", glue_dir, tmp_path / "out", "--max_eval_samples", "30")
     assert metrics["eval_samples"] == 30 and metrics["eval_samples_mm"] == 30
     assert {"eval_accuracy", "eval_accuracy_mm"} <= set(metrics)
+    assert _recomputed("mnli", tmp_path / "out" / "predict_results_mnli.txt")["accuracy"] == metrics["eval_accuracy"]
+    mismatched = tmp_path / "out" / "predict_results_mnli-mm.txt"
+    assert _recomputed("mnli", mismatched)["accuracy"] == metrics["eval_accuracy_mm"]
+    rows = mismatched.read_text().splitlines()
+    assert rows[0] == "index\tprediction\tlabel" and len(rows) == 31
+    assert [row.split("\t")[2] for row in rows[1:4]] == ["entailment", "neutral", "contradiction"]
     assert AutoConfig.from_pretrained(tmp_path / "out").id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+
+
+def test_predictions_reproduce_regression_and_f1_scores(tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
+    for task in ("stsb", "mrpc"):
+        metrics = _run(tiny_bert, task, shared_data / "glue", tmp_path / task)
+        recomputed = _recomputed(task, tmp_path / task / f"predict_results_{task}.txt")
+        for name in get_task(task).metrics:
+            assert recomputed[name] == pytest.approx(metrics[f"eval_{name}"], abs=1e-12)
+    dev = load_glue("stsb", shared_data / "glue")["validation"]
+    columns = read_predictions("stsb", tmp_path / "stsb" / "predict_results_stsb.txt")
+    assert columns["index"] == list(range(20)) and columns["label"] == pytest.approx(dev["label"][:20])
 
 
 def test_lora_saves_peft_adapter_and_head(tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
@@ -105,6 +127,20 @@ def test_missing_checkpoint(no_training: None, shared_data: Path, tmp_path: Path
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="without config.json"):
         _run(tmp_path / "empty", "rte", shared_data / "glue", tmp_path / "out")
+
+
+def test_refuses_an_earlier_runs_output_dir(tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _run(tiny_bert, "rte", shared_data / "glue", out, "--save_strategy", "steps", "--save_steps", "1")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    with pytest.raises(FileExistsError, match=f"--output_dir {out} already holds files.*--overwrite_output_dir true"):
+        _run(tiny_bert, "rte", shared_data / "glue", out)
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    (out / "notes.txt").write_text("mine")
+    _run(tiny_bert, "rte", shared_data / "glue", out, "--overwrite_output_dir", "true", "--use_lora", "true")
+    assert not list(out.glob("checkpoint-*")) and not (out / "model.safetensors").exists()  # nothing stale remains
+    assert (out / "adapter_model.safetensors").is_file() and (out / "notes.txt").read_text() == "mine"
 
 
 def test_bad_task_and_data(no_training: None, tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:

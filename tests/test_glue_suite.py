@@ -1,4 +1,5 @@
-"""glue_suite: table (mean ± std, average, worst task, deltas), resume by counting runs, model cards, bad input."""
+"""The suite on GLUE rows: table (mean ± std, average, worst task, deltas), resume by counting runs, model
+cards (suite directory by default, never foreign or read-only checkpoints), limits, predictions, bad input."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import yaml
 from huggingface_hub import ModelCard
 from test_glue_support import make_tiny_bert
 
-from robust_pretrain.glue import GlueDataArguments, GlueTrainingArguments, LoraArguments, suite
-from robust_pretrain.glue.suite import GlueSuiteArguments, run_suite
+from robust_pretrain.evaluation import glue_tasks, suite
+from robust_pretrain.evaluation.suite import SuiteArguments, run_suite
+from robust_pretrain.glue import (
+    GlueDataArguments,
+    GlueTrainingArguments,
+    LoraArguments,
+    load_glue_metric,
+    read_predictions,
+)
 
 # Primary scores (0-1) per (checkpoint, task, seed): base is worst on CoLA, robust on RTE.
 SCORES = {
@@ -58,7 +66,7 @@ Hand-written notes that must survive.
 
 
 class FakeFinetune:
-    """Stands in for run_finetune: returns SCORES and counts calls."""
+    """Stands in for run_finetune: returns SCORES, writes the predictions file and counts calls."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, int]] = []
@@ -66,6 +74,7 @@ class FakeFinetune:
     def __call__(self, run_args, data_args, lora_args, training_args, save_model) -> dict[str, float]:
         name, task, seed = Path(run_args.model_name_or_path).name, run_args.task_name, training_args.seed
         self.calls.append((name, task, seed))
+        (Path(training_args.output_dir) / f"predict_results_{task}.txt").write_text("index\tprediction\tlabel\n")
         score = SCORES[(name, task)][seed]
         metric = {"rte": "accuracy", "cola": "matthews_correlation", "stsb": "spearmanr"}[task]
         extra = {"eval_pearson": score - 0.01} if task == "stsb" else {}
@@ -75,30 +84,43 @@ class FakeFinetune:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeFinetune:
     runner = FakeFinetune()
-    monkeypatch.setattr(suite, "run_finetune", runner)
+    monkeypatch.setattr(glue_tasks, "run_finetune", runner)
     return runner
 
 
 @pytest.fixture
 def checkpoints(tmp_path: Path) -> dict[str, Path]:
     paths = {}
-    for name in ("base", "robust"):
+    for name in ("base", "robust"):  # outputs of the pre-training recipe (they carry run_config.json)
         paths[name] = tmp_path / name
         paths[name].mkdir()
         (paths[name] / "config.json").write_text("{}")
+        (paths[name] / "run_config.json").write_text("{}")
     (paths["base"] / "README.md").write_text(USER_CARD)
     return paths
 
 
-def _run(checkpoints: dict[str, Path], out: Path, lora: LoraArguments | None = None, **training) -> dict:
-    args = GlueSuiteArguments(
+def _run(
+    checkpoints: dict[str, Path],
+    out: Path,
+    lora: LoraArguments | None = None,
+    data: GlueDataArguments | None = None,
+    update_model_cards: bool = True,
+    **training,
+) -> dict:
+    args = SuiteArguments(
         checkpoints=[str(checkpoints["robust"])],
         baseline=str(checkpoints["base"]),
         tasks=["rte", "cola", "stsb"],
         seeds=[1, 2],
+        update_model_cards=update_model_cards,
     )
-    training_args = GlueTrainingArguments(output_dir=str(out), **training)
-    return run_suite(args, GlueDataArguments(), lora or LoraArguments(), training_args)
+    options = (
+        data or GlueDataArguments(),
+        lora or LoraArguments(),
+        GlueTrainingArguments(output_dir=str(out), **training),
+    )
+    return run_suite(args, options)
 
 
 def test_table_worst_case_and_deltas(fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path) -> None:
@@ -169,32 +191,115 @@ def test_resume_counts_runs(fake: FakeFinetune, checkpoints: dict[str, Path], tm
 def test_bad_input_fails_before_any_run(
     fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path, shared_data: Path
 ) -> None:
-    training = GlueTrainingArguments(output_dir=str(tmp_path / "suite"))
-    missing = GlueSuiteArguments(checkpoints=[str(checkpoints["base"]), str(tmp_path / "nope")], tasks=["rte"])
+    options = (GlueDataArguments(), LoraArguments(), GlueTrainingArguments(output_dir=str(tmp_path / "suite")))
+    missing = SuiteArguments(checkpoints=[str(checkpoints["base"]), str(tmp_path / "nope")], tasks=["rte"])
     with pytest.raises(FileNotFoundError, match="nope.*does not exist"):
-        run_suite(missing, GlueDataArguments(), LoraArguments(), training)
-    absent_task = GlueSuiteArguments(checkpoints=[str(checkpoints["base"])], tasks=["rte", "qqp"])
+        run_suite(missing, options)
+    absent_task = SuiteArguments(checkpoints=[str(checkpoints["base"])], tasks=["rte", "qqp"])
     with pytest.raises(FileNotFoundError, match="QQP/train.tsv not found"):
-        run_suite(absent_task, GlueDataArguments(glue_dir=str(shared_data / "glue")), LoraArguments(), training)
+        run_suite(absent_task, (GlueDataArguments(glue_dir=str(shared_data / "glue")), *options[1:]))
     assert fake.calls == []
-    with pytest.raises(ValueError, match="Unknown GLUE task 'glue'"):
-        GlueSuiteArguments(checkpoints=["x"], tasks=["glue"])
+    with pytest.raises(ValueError, match="Unknown glue task 'glue'"):
+        SuiteArguments(checkpoints=["x"], tasks=["glue"])
     with pytest.raises(ValueError, match="--seeds has duplicates"):
-        GlueSuiteArguments(checkpoints=["x"], seeds=[1, 1])
+        SuiteArguments(checkpoints=["x"], seeds=[1, 1])
+    with pytest.raises(ValueError, match="Unknown task family 'nlp'"):
+        SuiteArguments(checkpoints=["x"], family="nlp")
+    assert SuiteArguments(checkpoints=["x"]).tasks == ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_default_run_leaves_foreign_and_read_only_checkpoints_byte_identical(
+    fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    for name in ("base", "robust"):
+        (checkpoints[name] / "run_config.json").unlink()  # not recipe outputs
+    (checkpoints["robust"] / "README.md").write_text("# robust\n")
+    checkpoints["base"].chmod(0o555)  # read-only
+    (checkpoints["base"] / "README.md").chmod(0o444)
+    before = {name: _snapshot(path) for name, path in checkpoints.items()}
+    try:
+        _run(checkpoints, tmp_path / "suite", update_model_cards=False)
+        assert {name: _snapshot(path) for name, path in checkpoints.items()} == before
+        assert len(fake.calls) == 12
+        with pytest.raises(ValueError, match="--update_model_cards refuses") as refused:
+            _run(checkpoints, tmp_path / "suite2")
+        assert "base: it is read-only" in str(refused.value)
+        assert "robust: it is not an output directory of this project's recipes" in str(refused.value)
+        assert len(fake.calls) == 12 and not (tmp_path / "suite2").exists()  # refused before any cell
+    finally:
+        checkpoints["base"].chmod(0o755)
+    assert {name: _snapshot(path) for name, path in checkpoints.items()} == before
+
+    # The results are in the suite directory: a model-index JSON and a card fragment per checkpoint.
+    key = next((tmp_path / "suite" / "model_cards").glob("robust-*"))
+    index = json.loads((key / "model_index.json").read_text())
+    assert index["checkpoint"] == str(checkpoints["robust"]) and index["model-index"][0]["name"] == "robust"
+    fragment = ModelCard.load(key / "README.md")
+    values = {(r.dataset_config, r.metric_type): r.metric_value for r in fragment.data.eval_results}
+    assert values == {("rte", "accuracy"): 59.0, ("cola", "matthews_correlation"): 63.0, ("stsb", "pearson"): 79.0,
+                      ("stsb", "spearmanr"): 80.0}  # fmt: skip
+
+
+def test_update_model_cards_refuses_cache_and_installed_locations(
+    fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    from huggingface_hub import constants
+
+    snapshot = Path(constants.HF_HUB_CACHE) / "models--org--bert" / "snapshots" / "0123abc"
+    installed = tmp_path / "venv" / "lib" / "site-packages" / "somepkg" / "model"
+    for path in (snapshot, installed):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+        (path / "run_config.json").write_text("{}")  # would otherwise qualify
+    options = (GlueDataArguments(), LoraArguments(), GlueTrainingArguments(output_dir=str(tmp_path / "suite")))
+    for path, reason in (
+        (snapshot, "inside the Hugging Face cache"),
+        (installed, "inside an installed Python package"),
+    ):
+        args = SuiteArguments(checkpoints=[str(path)], tasks=["rte"], update_model_cards=True)
+        with pytest.raises(ValueError, match=reason):
+            run_suite(args, options)
+        assert sorted(p.name for p in path.iterdir()) == ["config.json", "run_config.json"]
+    assert fake.calls == []
+
+
+def test_limited_runs_are_recorded_in_cards_and_tables(
+    fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    _run(checkpoints, tmp_path / "full")
+    summary = _run(checkpoints, tmp_path / "smoke", data=GlueDataArguments(max_eval_samples=64), max_steps=10)
+    assert summary["limits"] == {"max_eval_samples": 64, "max_steps": 10}
+    assert (
+        "**Limited protocol** (not comparable with full runs): max_eval_samples=64, max_steps=10."
+        in (tmp_path / "smoke" / "glue_suite.md").read_text()
+    )
+    card = ModelCard.load(checkpoints["robust"] / "README.md")
+    full = [r for r in card.data.eval_results if "limits" not in r.metric_args]
+    smoke = [r for r in card.data.eval_results if "limits" in r.metric_args]
+    assert len(full) == len(smoke) == 4  # the smoke test added entries beside the full ones, replaced none
+    for result in smoke:
+        assert result.metric_args["limits"] == {"max_eval_samples": 64, "max_steps": 10}
+        assert result.metric_name.endswith("limited protocol: max_eval_samples=64, max_steps=10)")
+    cell = json.loads(next((tmp_path / "smoke" / "cells").glob("robust-*/rte/seed1/cell.json")).read_text())
+    assert cell["limits"] == {"max_eval_samples": 64, "max_steps": 10}
 
 
 def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
     first, second = make_tiny_bert(tmp_path / "tiny-a", seed=0), make_tiny_bert(tmp_path / "tiny-b", seed=1)
     calls = []
-    real = suite.run_finetune
+    real = glue_tasks.run_finetune
     monkeypatch.setattr(
-        suite, "run_finetune", lambda *args, **kwargs: calls.append(args[0].task_name) or real(*args, **kwargs)
+        glue_tasks, "run_finetune", lambda *args, **kwargs: calls.append(args[0].task_name) or real(*args, **kwargs)
     )
     config = {
         "checkpoints": [str(second)],
         "baseline": str(first),
-        "tasks": ["rte", "wnli"],
+        "tasks": ["rte", "stsb"],
         "seeds": [3],
         "glue_dir": str(shared_data / "glue"),
         "max_train_samples": 16,
@@ -205,16 +310,26 @@ def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monk
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(config))
     argv = ["--config", str(tmp_path / "suite.yaml"), "--disable_tqdm", "true"]
     summary = suite.main(argv)
-    assert calls == ["rte", "wnli", "rte", "wnli"]
-    for cell_file in (tmp_path / "suite" / "cells").glob("*/*/seed3/cell.json"):
+    assert calls == ["rte", "stsb", "rte", "stsb"]
+    cell_files = list((tmp_path / "suite" / "cells").glob("*/*/seed3/cell.json"))
+    assert len(cell_files) == 4
+    for cell_file in cell_files:
         cell = json.loads(cell_file.read_text())
+        task = cell["task"]
         saved = json.loads((cell_file.parent / "eval_results.json").read_text())
-        assert cell["primary_score"] == pytest.approx(100 * saved["eval_accuracy"])
+        primary = {"rte": "accuracy", "stsb": "spearmanr"}[task]
+        assert cell["score"] == pytest.approx(100 * saved[f"eval_{primary}"])
         assert saved["eval_samples"] == 16
         assert not (cell_file.parent / "model.safetensors").exists()
-    assert len(list((tmp_path / "suite" / "cells").glob("*/*/seed3/cell.json"))) == 4
-    assert summary["checkpoints"][str(second)]["worst_task"] in ("rte", "wnli")
+        # The per-example predictions reproduce the reported score.
+        assert cell["prediction_files"] == [f"predict_results_{task}.txt"]
+        columns = read_predictions(task, cell_file.parent / cell["prediction_files"][0])
+        assert len(columns["index"]) == 16 and columns["index"] == sorted(columns["index"])
+        recomputed = load_glue_metric(task).compute(predictions=columns["prediction"], references=columns["label"])
+        assert 100 * recomputed[primary] == pytest.approx(cell["score"], abs=1e-9)
+    assert summary["checkpoints"][str(second)]["worst_task"] in ("rte", "stsb")
     assert "Δ worst" in (tmp_path / "suite" / "glue_suite.md").read_text()
+    assert not (first / "README.md").exists() and not (second / "README.md").exists()  # default: no card edits
     suite.main(argv)
     assert len(calls) == 4
 
@@ -224,20 +339,14 @@ def test_checkpoint_spellings_and_label_collisions(tmp_path: Path, monkeypatch: 
         (tmp_path / run / "final").mkdir(parents=True)
         (tmp_path / run / "final" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
-    args = GlueSuiteArguments(checkpoints=["a/final", "b/final"], baseline=str(tmp_path / "a" / "final"), tasks=["rte"])
+    args = SuiteArguments(checkpoints=["a/final", "b/final"], baseline=str(tmp_path / "a" / "final"), tasks=["rte"])
     assert args.checkpoints == ["a/final", "b/final"] and args.baseline == "a/final"
     with pytest.raises(ValueError, match="--checkpoints has duplicates"):
-        GlueSuiteArguments(checkpoints=["a/final", "./a/final"], tasks=["rte"])
+        SuiteArguments(checkpoints=["a/final", "./a/final"], tasks=["rte"])
     cells = [
-        {
-            "checkpoint": name,
-            "task": "rte",
-            "seed": 1,
-            "primary_score": score,
-            "eval_metrics": {"eval_accuracy": score / 100},
-        }
+        {"checkpoint": name, "task": "rte", "seed": 1, "score": score, "metrics": {"accuracy": score}}
         for name, score in (("a/final", 50.0), ("b/final", 60.0))
     ]
-    summary = suite.summarize(cells, ["rte"], [1], "a/final")
+    summary = suite.summarize(cells, [glue_tasks.FAMILY.task("rte")], [1], "a/final")
     assert [entry["label"] for entry in summary["checkpoints"].values()] == ["a/final", "b/final"]
     assert "| b/final | +10.0 | +10.0 | +10.0 |" in suite.render_markdown(summary)

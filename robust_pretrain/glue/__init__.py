@@ -1,4 +1,4 @@
-"""GLUE fine-tuning and worst-case evaluation of pre-trained checkpoints."""
+"""GLUE: task table, data, fine-tuning and metrics (the suite over tasks lives in ``robust_pretrain.evaluation``)."""
 
 from robust_pretrain.glue.data import check_glue_files, glue_features, load_glue, read_glue_tsv
 from robust_pretrain.glue.finetune import (
@@ -6,10 +6,11 @@ from robust_pretrain.glue.finetune import (
     GlueRunArguments,
     GlueTrainingArguments,
     LoraArguments,
+    predictions_file_name,
+    read_predictions,
     run_finetune,
 )
 from robust_pretrain.glue.metrics import GLUE_METRIC_PATH, load_glue_metric
-from robust_pretrain.glue.suite import GlueSuiteArguments, render_markdown, run_suite, summarize, update_model_card
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task, primary_score
 
 __all__ = [
@@ -17,7 +18,6 @@ __all__ = [
     "GLUE_TASKS",
     "GlueDataArguments",
     "GlueRunArguments",
-    "GlueSuiteArguments",
     "GlueTrainingArguments",
     "LoraArguments",
     "TaskSpec",
@@ -26,11 +26,9 @@ __all__ = [
     "glue_features",
     "load_glue",
     "load_glue_metric",
+    "predictions_file_name",
     "primary_score",
+    "read_predictions",
     "read_glue_tsv",
-    "render_markdown",
     "run_finetune",
-    "run_suite",
-    "summarize",
-    "update_model_card",
 ]

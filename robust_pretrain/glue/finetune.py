@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,13 @@ class GlueRunArguments:
     task_name: str = field(metadata={"help": f"GLUE task, one of: {', '.join(GLUE_TASKS)}."})
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer directory or Hub id, if not the checkpoint's own."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Write into an output_dir that holds an earlier run; its checkpoint-* folders, weights and "
+            "prediction files are deleted first."
+        },
     )
 
 
@@ -108,6 +116,67 @@ def check_checkpoint(name_or_path: str, required_file: str = "config.json") -> N
         raise FileNotFoundError(f"checkpoint {name_or_path!r} does not exist or is not a model directory")
 
 
+# What an earlier run leaves that must not survive beside a new model (the rest is overwritten file by file).
+_STALE_OUTPUTS = ("checkpoint-*", "*.safetensors", "model.safetensors.index.json", "adapter_config.json", "*.bin",
+                  "predict_results_*.txt")  # fmt: skip
+
+
+def prepare_output_dir(output_dir: str | Path, overwrite: bool, delete_stale: bool = True) -> None:
+    """Refuse an ``output_dir`` holding files unless ``overwrite``; then (if ``delete_stale``: the main process)
+    delete an earlier run's outputs that would otherwise remain beside the new model."""
+    path = Path(output_dir)
+    existing = sorted(child.name for child in path.iterdir()) if path.is_dir() else []
+    if existing and not overwrite:
+        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
+        raise FileExistsError(
+            f"--output_dir {path} already holds files of an earlier run ({shown}); choose another --output_dir or "
+            "pass --overwrite_output_dir true (deletes its checkpoint-* folders, weights and predictions first)"
+        )
+    for pattern in _STALE_OUTPUTS if existing and delete_stale else ():
+        for stale in path.glob(pattern):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def predictions_file_name(task: str, split: str) -> str:
+    """``predict_results_<task>.txt`` (MNLI mismatched: ``predict_results_mnli-mm.txt``), as HF's ``run_glue.py``."""
+    return f"predict_results_{task}{'-mm' if split == 'validation_mismatched' else ''}.txt"
+
+
+def _predicted_labels(spec: TaskSpec, predictions: np.ndarray | tuple) -> np.ndarray:
+    logits = predictions[0] if isinstance(predictions, tuple) else predictions
+    return np.squeeze(logits, axis=-1) if spec.is_regression else np.argmax(logits, axis=-1)
+
+
+def _display(spec: TaskSpec, value: float | int) -> str:
+    return repr(float(value)) if spec.label_names is None else spec.label_names[int(value)]
+
+
+def write_predictions(
+    path: Path, spec: TaskSpec, indices: list[int], predictions: np.ndarray, labels: np.ndarray
+) -> Path:
+    """Tab-separated ``index  prediction  label`` per eval example: label names, or exact float scores (STS-B)."""
+    rows = ["index\tprediction\tlabel"]
+    rows += [
+        f"{i}\t{_display(spec, p)}\t{_display(spec, y)}" for i, p, y in zip(indices, predictions, labels, strict=True)
+    ]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def read_predictions(task: str | TaskSpec, path: str | Path) -> dict[str, list]:
+    """Read a :func:`write_predictions` file back: ``index``, ``prediction`` and ``label`` (label ids or scores)."""
+    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    columns: dict[str, list] = {"index": [], "prediction": [], "label": []}
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for line in lines[1:]:
+        index, prediction, label = line.split("\t")
+        columns["index"].append(int(index))
+        for name, value in (("prediction", prediction), ("label", label)):
+            columns[name].append(float(value) if spec.label_names is None else spec.label_names.index(value))
+    return columns
+
+
 def _limit(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
     return dataset if count is None else dataset.select(range(min(count, len(dataset))))
 
@@ -138,9 +207,9 @@ def build_compute_metrics(spec: TaskSpec) -> Callable[[EvalPrediction], dict[str
     metric = load_glue_metric(spec.name)
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-        predictions = np.squeeze(logits, axis=-1) if spec.is_regression else np.argmax(logits, axis=-1)
-        return metric.compute(predictions=predictions, references=prediction.label_ids)
+        return metric.compute(
+            predictions=_predicted_labels(spec, prediction.predictions), references=prediction.label_ids
+        )
 
     return compute_metrics
 
@@ -191,14 +260,17 @@ def run_finetune(
 ) -> dict[str, float]:
     """Fine-tune and/or evaluate; returns the eval metrics (MNLI mismatched keys end in ``_mm``).
 
-    Writes ``train_results.json``, ``eval_results.json``, ``all_results.json`` and (if ``save_model``) the final
-    model (full weights, or the peft adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``.
+    Writes ``train_results.json``, ``eval_results.json``, ``all_results.json``, the per-example predictions of each
+    eval split (:func:`predictions_file_name`) and (if ``save_model``) the final model (full weights, or the peft
+    adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``, which must be empty or new
+    unless ``run_args.overwrite_output_dir``.
     """
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
     if run_args.tokenizer_name:
         check_checkpoint(run_args.tokenizer_name, required_file="tokenizer_config.json")
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
+    prepare_output_dir(training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save)
     set_seed(training_args.seed)
 
     tokenizer = AutoTokenizer.from_pretrained(
@@ -211,7 +283,6 @@ def run_finetune(
         )
     model = _load_model(run_args, lora_args, spec, data_args.cache_dir)
     encoded = _prepare(splits, spec, tokenizer, max_length, data_args)
-    Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
 
     trainer = Trainer(
         model=model,
@@ -233,9 +304,14 @@ def run_finetune(
     eval_metrics: dict[str, float] = {}
     if training_args.do_eval:
         for split in spec.eval_splits:
-            metrics = {**trainer.evaluate(eval_dataset=encoded[split]), "eval_samples": len(encoded[split])}
+            output = trainer.predict(encoded[split], metric_key_prefix="eval")
+            metrics = {**output.metrics, "eval_samples": len(encoded[split])}
             suffix = "_mm" if split == "validation_mismatched" else ""
             eval_metrics.update({f"{key}{suffix}": value for key, value in metrics.items()})
+            if trainer.is_world_process_zero():
+                path = Path(training_args.output_dir) / predictions_file_name(spec.name, split)
+                indices = list(_limit(splits[split], data_args.max_eval_samples)["idx"])  # the rows _prepare kept
+                write_predictions(path, spec, indices, _predicted_labels(spec, output.predictions), output.label_ids)
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
     return eval_metrics
