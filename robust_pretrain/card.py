@@ -1,97 +1,329 @@
-"""Model card of a pre-training run, rendered from ``model_cards/template.md`` with ``huggingface_hub.ModelCard``."""
+"""Model card of a pre-training run, rendered from ``model_cards/template.md`` with ``huggingface_hub.ModelCard``.
+
+One template serves every task family; what differs between families (PoS groups of masked words for text, image
+modalities for vision) is data, a :class:`TaskFamily`. Everything a card states comes from the run (its task report
+and settings, its data and base model) or from a verified source (the paper's citation in the template, the weighting
+strategy's own module docstring). A recipe builds a :class:`ModelCardContent` and renders it::
+
+    content = ModelCardContent(architecture="BertForMaskedLM", tasks=pos_tasks(...), report=report,
+                               training_data=EWT_TRAINING_DATA)
+    trainer.card_renderer = card_renderer(trainer, content)  # README.md, naming the Hub repo once the Trainer has one
+
+Local paths appear in a card only as file names. Beside ``README.md`` the card's content is saved as
+``model_card.json``, so that publishing the folder later re-renders the card for its Hub repo
+(:func:`card_text_for_repo`).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from robust_pretrain.weighting import WEIGHTINGS
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
 TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
+CARD_CONTENT_NAME = "model_card.json"
 EWT_DATA = (
     "Raw text of the [Universal Dependencies English Web Treebank](https://universaldependencies.org/treebanks/"
     "en_ewt/) (UD English-EWT, train + dev; CC BY-SA 4.0, annotations (c) Stanford University; underlying LDC2012T13 "
     "web texts). The EWT test split is held out for the per-task evaluation."
 )
+TEXT_USAGE = """\
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+
+model = AutoModelForSequenceClassification.from_pretrained("{model_id}", num_labels=2)
+tokenizer = AutoTokenizer.from_pretrained("{model_id}")
+trainer = Trainer(model=model, args=TrainingArguments("finetuned"), train_dataset=..., processing_class=tokenizer)
+trainer.train()"""
+VISION_USAGE = """\
+import robust_pretrain  # registers the MultiMAE classes with transformers' Auto classes
+from transformers import AutoImageProcessor, AutoModel
+
+processor = AutoImageProcessor.from_pretrained("{model_id}")
+model = AutoModel.from_pretrained("{model_id}")"""
 
 
-def render_model_card(
-    output_dir: str | Path,
-    report: dict[str, Any],
-    task_groups: dict[str, list[str]],
-    *,
-    model_name: str,
-    architecture: str,
-    repo_or_path: str,
-    base_model: str | None = None,
-    training_data: str = EWT_DATA,
-    datasets: list[str] | None = None,
-    tagger: str = "the shipped UPOS tagger",
-    plot: str | None = None,
-) -> ModelCard:
-    """Write ``README.md`` into ``output_dir`` and return the card.
+@dataclass(frozen=True)
+class TaskFamily:
+    """The words and the task table a card uses for one kind of upstream task.
 
-    ``report`` is the run's task report (:func:`robust_pretrain.reporting.task_report`); its held-out losses also go
-    into the ``model-index`` metadata.
+    Attributes:
+        objective: the pre-training objective, e.g. ``"masked-language modelling"``.
+        task_split: completes "The <objective> objective is split into N upstream tasks, ...".
+        table_title: heading of the task table.
+        task_column: header of its first column (the task name).
+        columns: headers of the descriptive columns.
+        rows: task name -> one cell per descriptive column.
+        loss_name: what the held-out loss is, e.g. ``"MLM loss"``.
+        notes: sentences printed under the task table.
+        limitations: family-specific sentences of "Intended use and limitations".
+        pipeline_tag: the model's Hub task (card metadata and the model-index task type).
+        data_kind: the model-index dataset type (``"text"``, ``"image"``).
+        usage_title: heading of the code example.
+        usage: the code example; ``{model_id}`` is replaced by the Hub repo id or the local folder.
     """
+
+    objective: str
+    task_split: str
+    table_title: str
+    task_column: str
+    columns: tuple[str, ...]
+    rows: Mapping[str, tuple[str, ...]]
+    loss_name: str
+    pipeline_tag: str
+    data_kind: str
+    usage_title: str
+    usage: str
+    notes: tuple[str, ...] = ()
+    limitations: tuple[str, ...] = ()
+
+
+def pos_tasks(task_groups: Mapping[str, Sequence[str]], *, unassigned_tags: Sequence[str], tagger: str) -> TaskFamily:
+    """Part-of-speech tasks of masked-LM pre-training: task name -> its UPOS tags.
+
+    Args:
+        task_groups: the task spec, task name -> UPOS tags.
+        unassigned_tags: UPOS tags in no group (never masked).
+        tagger: the tagger that assigned the tags, as the card names it.
+    """
+    notes = ()
+    if unassigned_tags:
+        tags = ", ".join(unassigned_tags[:-1]) + (" or " if len(unassigned_tags) > 1 else "") + unassigned_tags[-1]
+        notes = (f"Words tagged {tags} belong to no task: they are never masked and stay visible as context.",)
+    return TaskFamily(
+        objective="masked-language modelling",
+        task_split="one per part-of-speech group: only the words of a group are masked for its task.",
+        table_title="Task groups (Universal POS tags)",
+        task_column="task",
+        columns=("UPOS tags",),
+        rows={name: (", ".join(tags),) for name, tags in task_groups.items()},
+        loss_name="MLM loss",
+        pipeline_tag="fill-mask",
+        data_kind="text",
+        usage_title="Fine-tuning",
+        usage=TEXT_USAGE,
+        notes=notes,
+        limitations=(f"Part-of-speech groups come from an automatic tagger ({tagger}), so task membership is noisy.",),
+    )
+
+
+def modality_tasks(
+    modalities: Mapping[str, Mapping[str, Any]], *, limitations: Sequence[str] = (), usage: str = VISION_USAGE
+) -> TaskFamily:
+    """Image modalities of masked multi-modal autoencoding: modality name -> ``{"kind", "channels", "loss"}``.
+
+    ``channels`` is the number of input channels (or of classes, for a class map); ``loss`` names the reconstruction
+    loss (e.g. ``"MSE on per-patch normalised pixels"``).
+    """
+    rows = {}
+    for name, spec in modalities.items():
+        missing = {"kind", "channels", "loss"} - set(spec)
+        if missing:
+            raise ValueError(f"modality {name!r}: the card needs {sorted(missing)} (kind, channels, loss)")
+        rows[name] = (str(spec["kind"]), str(spec["channels"]), str(spec["loss"]))
+    return TaskFamily(
+        objective="masked multi-modal autoencoding",
+        task_split="one per input modality: each task reconstructs the masked patches of its modality from the "
+        "visible patches of all modalities.",
+        table_title="Modalities",
+        task_column="modality",
+        columns=("kind", "channels", "loss"),
+        rows=rows,
+        loss_name="reconstruction loss",
+        pipeline_tag="image-feature-extraction",
+        data_kind="image",
+        usage_title="Usage",
+        usage=usage,
+        limitations=tuple(limitations),
+    )
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The card's "Training data" section and the metadata that follows from it.
+
+    Attributes:
+        description: Markdown text.
+        license: the card's ``license`` metadata, for data whose license carries over to the model (share-alike).
+        datasets: Hub dataset ids (``datasets`` metadata).
+    """
+
+    description: str
+    license: str | None = None
+    datasets: tuple[str, ...] = ()
+
+
+EWT_TRAINING_DATA = TrainingData(EWT_DATA, license="cc-by-sa-4.0", datasets=("universal_dependencies",))
+
+
+def hub_dataset(name: str, config: str | None = None) -> TrainingData:
+    """Training data loaded from the Hub dataset ``name``."""
+    label = f"`{name}`" + (f" (configuration `{config}`)" if config else "")
+    return TrainingData(f"The Hub dataset {label} (see its own license).", datasets=(name,))
+
+
+def local_files(*paths: str | Path) -> TrainingData:
+    """Training data read from local files, named by their file names only."""
+    names = ", ".join(f"`{Path(path).name}`" for path in paths)
+    plural = len(paths) > 1
+    return TrainingData(f"Local file{'s' if plural else ''} {names} (see {'their' if plural else 'its'} own license).")
+
+
+@dataclass(frozen=True)
+class ModelCardContent:
+    """What a run's card states.
+
+    Attributes:
+        architecture: the model class, e.g. ``"BertForMaskedLM"``.
+        tasks: the task family.
+        report: the run's task report (:func:`robust_pretrain.reporting.task_report`).
+        training_data: the data section and its metadata.
+        base_model: the checkpoint training continued from: a Hub id, or a local path (kept as its folder name in
+            ``local_base_model``).
+        plot: file name of the task-weight plot in the output folder.
+    """
+
+    architecture: str
+    tasks: TaskFamily
+    report: Mapping[str, Any]
+    training_data: TrainingData = field(default=EWT_TRAINING_DATA)
+    base_model: str | None = None
+    local_base_model: str | None = None
+    plot: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_model is not None and _is_local_path(self.base_model):
+            object.__setattr__(self, "local_base_model", Path(self.base_model).expanduser().resolve().name)
+            object.__setattr__(self, "base_model", None)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelCardContent:
+        tasks = dict(data["tasks"])
+        for key in ("columns", "notes", "limitations"):
+            tasks[key] = tuple(tasks[key])
+        tasks["rows"] = {name: tuple(cells) for name, cells in tasks["rows"].items()}
+        training_data = dict(data["training_data"], datasets=tuple(data["training_data"]["datasets"]))
+        return cls(**{**data, "tasks": TaskFamily(**tasks), "training_data": TrainingData(**training_data)})
+
+
+def build_model_card(content: ModelCardContent, *, model_name: str, model_id: str) -> ModelCard:
+    """The card of ``content``, titled ``model_name``, whose code example loads ``model_id``."""
+    report, tasks = content.report, content.tasks
+    weighting = report.get("weighting")
     losses = report.get("eval_task_loss", {})
     weights = report.get("final_weights", {})
     eval_results = [
         EvalResult(
-            task_type="fill-mask",
-            dataset_type="text",
+            task_type=tasks.pipeline_tag,
+            dataset_type=tasks.data_kind,
             dataset_name="held-out split",
             metric_type="loss",
-            metric_name=name,
+            metric_name=f"{kind} task {tasks.loss_name}",
             metric_value=round(report[key], 4),
         )
-        for key, name in (
-            ("eval_mean_task_loss", "mean task MLM loss"),
-            ("eval_worst_task_loss", "worst task MLM loss"),
-        )
+        for key, kind in (("eval_mean_task_loss", "mean"), ("eval_worst_task_loss", "worst"))
         if report.get(key) is not None
     ]
-    hub_base_model = base_model if base_model and not Path(base_model).exists() else None  # a local path is no Hub id
     card_data = ModelCardData(
         library_name="transformers",
-        pipeline_tag="fill-mask",
-        license="cc-by-sa-4.0" if training_data == EWT_DATA else None,
-        tags=["robust-pretrain", "task-robust", "minimax", f"weighting-{report.get('weighting', 'unknown')}"],
-        datasets=datasets or (["universal_dependencies"] if training_data == EWT_DATA else None),
-        base_model=hub_base_model,
+        pipeline_tag=tasks.pipeline_tag,
+        license=content.training_data.license,
+        tags=["robust-pretrain", f"weighting-{weighting or 'unknown'}"],
+        datasets=list(content.training_data.datasets) or None,
+        base_model=content.base_model,
         model_name=model_name if eval_results else None,
         eval_results=eval_results or None,
     )
     rows = [
-        {
-            "name": name,
-            "tags": ", ".join(task_groups.get(name, [])),
-            "weight": _fmt(weights.get(name)),
-            "loss": _fmt(losses.get(name)),
-        }
+        {"name": name, "cells": tasks.rows.get(name, ("",) * len(tasks.columns)), "weight": _fmt(weights.get(name)),
+         "loss": _fmt(losses.get(name))}
         for name in report["tasks"]
-    ]
-    card = ModelCard.from_template(
+    ]  # fmt: skip
+    return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
         model_name=model_name,
-        architecture=architecture,
-        base_model=base_model,
-        hub_base_model=hub_base_model,
+        architecture=content.architecture,
+        hub_base_model=content.base_model,
+        local_base_model=content.local_base_model,
+        tasks=tasks,
         task_names=report["tasks"],
-        weighting=report.get("weighting"),
+        weighting=weighting,
+        weighting_summary=weighting_summary(weighting),
         settings=report.get("settings", {}),
         task_rows=rows,
         mean_loss=_fmt(report.get("eval_mean_task_loss")),
         worst_loss=_fmt(report.get("eval_worst_task_loss")),
         worst_task=report.get("worst_task"),
-        plot=plot,
-        training_data=training_data,
-        tagger=tagger,
-        repo_or_path=repo_or_path,
+        plot=content.plot,
+        training_data=content.training_data.description,
+        usage=tasks.usage.replace("{model_id}", model_id),
     )
-    card.save(Path(output_dir) / "README.md")
+
+
+def render_model_card(output_dir: str | Path, content: ModelCardContent, *, repo_id: str | None = None) -> ModelCard:
+    """Write ``README.md`` and ``model_card.json`` into ``output_dir`` and return the card.
+
+    With ``repo_id`` (the Hub repository the folder is pushed to) the card is titled with it and its code example
+    loads it; without, both name the folder (by its name only).
+    """
+    output_dir = Path(output_dir)
+    name = Path(output_dir.resolve()).name
+    card = build_model_card(content, model_name=repo_id or name, model_id=repo_id or f"path/to/{name}")
+    card.save(output_dir / "README.md")
+    source = {"readme_sha256": _sha256(output_dir / "README.md"), "content": asdict(content)}
+    (output_dir / CARD_CONTENT_NAME).write_text(json.dumps(source, indent=2) + "\n")
     return card
+
+
+def card_text_for_repo(output_dir: str | Path, repo_id: str) -> str | None:
+    """``output_dir``'s card rendered for the Hub repo ``repo_id`` (``README.md`` text).
+
+    None when the folder holds no card written by :func:`render_model_card`, or when its ``README.md`` was edited
+    since (an edited card is published as it is).
+    """
+    output_dir = Path(output_dir)
+    source_path, readme = output_dir / CARD_CONTENT_NAME, output_dir / "README.md"
+    if not source_path.is_file() or not readme.is_file():
+        return None
+    source = json.loads(source_path.read_text())
+    if source.get("readme_sha256") != _sha256(readme):
+        return None
+    content = ModelCardContent.from_dict(source["content"])
+    return str(build_model_card(content, model_name=repo_id, model_id=repo_id))
+
+
+def card_renderer(trainer: Trainer, content: ModelCardContent) -> Callable[[], ModelCard]:
+    """A ``MinimaxTrainer.card_renderer``: the card in ``output_dir``, for the Trainer's Hub repo once it has one
+    (``push_to_hub`` creates the repo before it renders the card)."""
+    return lambda: render_model_card(trainer.args.output_dir, content, repo_id=trainer.hub_model_id)
+
+
+def weighting_summary(weighting: str | None) -> str:
+    """One paragraph on the strategy: the first paragraph of its module's docstring, in Markdown."""
+    if weighting not in WEIGHTINGS:
+        return f"`{weighting}`."
+    doc = inspect.getmodule(WEIGHTINGS[weighting]).__doc__ or f"`{weighting}`."
+    return re.sub(r"``", "`", " ".join(doc.strip().split("\n\n")[0].split()))
+
+
+def _is_local_path(name: str) -> bool:
+    return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _fmt(value: float | None) -> str:

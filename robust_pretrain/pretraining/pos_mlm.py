@@ -31,9 +31,16 @@ from transformers import (
     set_seed,
 )
 
-from robust_pretrain.card import EWT_DATA, render_model_card
+from robust_pretrain.card import (
+    EWT_TRAINING_DATA,
+    ModelCardContent,
+    card_renderer,
+    hub_dataset,
+    local_files,
+    pos_tasks,
+)
 from robust_pretrain.config import load_config_file, parse_with_config
-from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_ewt_corpus, tokenize_and_tag
+from robust_pretrain.data import UPOS_TAGS, TaskGroupedMLMCollator, TaskSpec, load_ewt_corpus, tokenize_and_tag
 from robust_pretrain.pretraining.common import (
     create_trainer,
     prepare_output_dir,
@@ -418,20 +425,24 @@ def main(argv: list[str] | None = None) -> dict:
         trainer,
         report,
         spec.task_names,
-        lambda: render_model_card(
-            output_dir,
-            report,
-            spec.to_dict(),
-            model_name=training_args.hub_model_id or output_dir.name,
-            architecture=type(base.get_base_model() if model_args.use_lora else base).__name__,
-            repo_or_path=training_args.hub_model_id or str(output_dir),
-            base_model=model_args.model_name_or_path,
-            training_data=EWT_DATA
-            if data_args.dataset_name is None and data_args.train_file is None
-            else f"{data_args.dataset_name or data_args.train_file} (see its own license).",
-            datasets=[data_args.dataset_name] if data_args.dataset_name else None,
-            tagger=f"the `{data_args.tagger}` tagger backend",
-            plot=TRAJECTORY_PLOT_NAME,
+        card_renderer(
+            trainer,
+            ModelCardContent(
+                architecture=type(base.get_base_model() if model_args.use_lora else base).__name__,
+                tasks=pos_tasks(
+                    spec.to_dict(),
+                    unassigned_tags=[tag for tag in UPOS_TAGS if tag not in spec.tag_to_task],
+                    tagger=f"the `{data_args.tagger}` tagger backend",
+                ),
+                report=report,
+                training_data=hub_dataset(data_args.dataset_name, data_args.dataset_config_name)
+                if data_args.dataset_name
+                else local_files(*filter(None, (data_args.train_file, data_args.validation_file)))
+                if data_args.train_file
+                else EWT_TRAINING_DATA,
+                base_model=model_args.model_name_or_path,
+                plot=TRAJECTORY_PLOT_NAME,
+            ),
         ),
     )
     if training_args.should_save and model_args.use_lora and model_args.merge_lora:

@@ -1,0 +1,180 @@
+"""The model card: one template for PoS tasks and image modalities; every fact from the run or a verified source."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from test_recipe_pretrain import _one_thread, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
+
+from robust_pretrain.card import (
+    EWT_TRAINING_DATA,
+    ModelCardContent,
+    card_text_for_repo,
+    local_files,
+    modality_tasks,
+    pos_tasks,
+    render_model_card,
+)
+from robust_pretrain.data import DEFAULT_POS_TASKS, UPOS_TAGS
+
+AUTHORS = "Wang, Jianghui and Chen, Yang and Xie, Xingyu and Fang, Cong and Lin, Zhouchen"
+MODALITIES = {
+    "rgb": {"kind": "image", "channels": 3, "loss": "MSE on per-patch normalised pixels"},
+    "depth": {"kind": "depth map", "channels": 1, "loss": "L1 on valid pixels"},
+    "semseg": {"kind": "class map", "channels": 40, "loss": "cross-entropy"},
+}
+
+
+def report(tasks: list[str], weighting: str = "minimax", **settings: object) -> dict:
+    losses = {name: 1.0 + i / 4 for i, name in enumerate(tasks)}
+    return {
+        "tasks": tasks,
+        "weighting": weighting,
+        "settings": {"weighting": weighting, **settings},
+        "final_weights": {name: 1 / len(tasks) for name in tasks},
+        "eval_task_loss": losses,
+        "eval_mean_task_loss": sum(losses.values()) / len(losses),
+        "eval_worst_task_loss": max(losses.values()),
+        "worst_task": tasks[-1],
+    }
+
+
+def pos_content(weighting: str = "minimax", **kwargs: object) -> ModelCardContent:
+    groups = {name: list(tags) for name, tags in DEFAULT_POS_TASKS.items()}
+    unassigned = [tag for tag in UPOS_TAGS if not any(tag in tags for tags in groups.values())]
+    return ModelCardContent(
+        architecture="BertForMaskedLM",
+        tasks=pos_tasks(groups, unassigned_tags=unassigned, tagger="the `shipped` tagger backend"),
+        report=report(list(groups), weighting, alpha=2.0),
+        **kwargs,
+    )
+
+
+def table(body: str, header: str) -> dict[str, list[str]]:
+    """The Markdown table whose header row starts with ``| header |``: first cell -> the other cells."""
+    lines = body.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_citation_names_the_papers_authors(tmp_path: Path) -> None:
+    body = render_model_card(tmp_path, pos_content()).text
+
+    bibtex = body.split("```bibtex")[1]
+    assert re.search(r"author\s*=\s*\{(.*)\}", bibtex).group(1) == AUTHORS
+    assert "title         = {Task-Robust Pre-Training for Worst-Case Downstream Adaptation}" in bibtex
+    assert "year          = {2023}" in bibtex and "eprint        = {2306.12070}" in bibtex
+    assert "Jianghui Wang, Yang Chen, Xingyu Xie, Cong Fang, Zhouchen Lin." in body
+    assert "NeurIPS 2023" in body and "arxiv.org/abs/2306.12070" in body
+    for wrong in ("Yang, Yang", "Yuan, Xuanyu", "Zhang, Yingchun", "Zhang, Chao"):
+        assert wrong not in body
+
+
+def test_method_follows_the_runs_strategy(tmp_path: Path) -> None:
+    minimax = render_model_card(tmp_path / "minimax", pos_content("minimax")).text
+    assert "`minimax` strategy: Softmax-weighted minimax — Algorithm 1 of Wang et al." in minimax
+
+    baseline = render_model_card(tmp_path / "average", pos_content("average")).text
+    assert "This checkpoint is the **baseline**" in baseline and "task-robust (worst-case)" not in baseline
+
+    gradnorm = render_model_card(tmp_path / "gradnorm", pos_content("gradnorm")).text
+    assert "`gradnorm` strategy: GradNorm — Chen et al., *GradNorm:" in gradnorm
+    assert "softmax" not in gradnorm and "baseline" not in gradnorm  # no other strategy's claims
+    tags = ModelCard.load(tmp_path / "gradnorm" / "README.md").data.tags
+    assert tags == ["robust-pretrain", "weighting-gradnorm"]  # no "minimax" / "task-robust" tag it did not earn
+
+
+def test_pos_card_table_and_untasked_tags_follow_the_spec(tmp_path: Path) -> None:
+    groups = {"verbs": ["VERB"], "nouns": ["NOUN", "PROPN"]}
+    content = ModelCardContent(
+        architecture="BertForMaskedLM",
+        tasks=pos_tasks(groups, unassigned_tags=["ADJ", "X"], tagger="the `nltk` tagger backend"),
+        report=report(list(groups)),
+    )
+    body = render_model_card(tmp_path, content).text
+
+    assert table(body, "task") == {"verbs": ["VERB", "0.5000", "1.0000"], "nouns": ["NOUN, PROPN", "0.5000", "1.2500"]}
+    assert "| task | UPOS tags | final weight | held-out MLM loss |\n|---|---|---|---|" in body
+    assert "Words tagged ADJ or X belong to no task" in body
+    assert "(the `nltk` tagger backend)" in body
+    assert "split into 2 upstream tasks, one per part-of-speech group" in body
+
+
+def test_vision_card_from_the_same_template(tmp_path: Path) -> None:
+    content = ModelCardContent(
+        architecture="MultiMAEForPreTraining",
+        tasks=modality_tasks(MODALITIES, limitations=["Depth and class maps are pseudo-labels."]),
+        report=report(list(MODALITIES), alpha=1.0),
+        training_data=local_files("/data/scenes/train.parquet"),
+        plot="task_weights.png",
+    )
+    card = render_model_card(tmp_path / "vision-demo", content, repo_id="someone/mm-mae")
+    body = card.text
+
+    assert table(body, "modality") == {
+        "rgb": ["image", "3", "MSE on per-patch normalised pixels", "0.3333", "1.0000"],
+        "depth": ["depth map", "1", "L1 on valid pixels", "0.3333", "1.2500"],
+        "semseg": ["class map", "40", "cross-entropy", "0.3333", "1.5000"],
+    }
+    assert "| modality | kind | channels | loss | final weight | held-out reconstruction loss |" in body
+    assert "|---|---|---|---|---|---|" in body
+    assert "**masked multi-modal autoencoding** over 3 upstream tasks" in body
+    assert "one per input modality" in body and "Depth and class maps are pseudo-labels." in body
+    assert 'AutoModel.from_pretrained("someone/mm-mae")' in body and "## Usage" in body
+    for text_only in ("part-of-speech", "UPOS", "tagger", "Words tagged", "MLM", "AutoTokenizer"):
+        assert text_only not in body
+    assert "`train.parquet`" in body and "/data/scenes" not in body
+    assert card.data.pipeline_tag == "image-feature-extraction" and card.data.license is None
+    assert {r.metric_name for r in card.data.eval_results} == {
+        "mean task reconstruction loss",
+        "worst task reconstruction loss",
+    }
+    assert card.data.eval_results[0].dataset_type == "image"
+
+
+def test_modality_without_loss_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"modality 'depth': the card needs \['loss'\]"):
+        modality_tasks({"depth": {"kind": "depth map", "channels": 1}})
+
+
+def test_card_source_round_trips(tmp_path: Path) -> None:
+    content = pos_content(base_model=str(tmp_path / "checkpoints" / "bert-small"), plot="task_weights.png")
+    assert content.base_model is None and content.local_base_model == "bert-small"
+    render_model_card(tmp_path / "run", content)
+
+    saved = json.loads((tmp_path / "run" / "model_card.json").read_text())
+    assert ModelCardContent.from_dict(saved["content"]) == content
+    assert str(tmp_path) not in json.dumps(saved)
+    assert card_text_for_repo(tmp_path / "run", "me/run") == str(
+        render_model_card(tmp_path / "copy", content, repo_id="me/run")
+    )
+
+
+def test_recipe_card_states_the_runs_settings(pretrained_run) -> None:  # noqa: F811
+    """Every row of the settings table equals what the run recorded: run_config.json, the saved TrainingArguments
+    (training_args.bin) or trainer_state.json."""
+    output_dir, _ = pretrained_run
+    run_config = json.loads((output_dir / "run_config.json").read_text())
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    args = torch.load(output_dir / "training_args.bin", weights_only=False)
+    card = ModelCard.load(output_dir / "README.md")
+
+    settings = {key: cells[0] for key, cells in table(card.text, "setting").items()}
+    assert {"weighting", "alpha", "masking", "mlm_probability", "max_seq_length", "max_steps", "learning_rate",
+            "per_device_train_batch_size", "seed", "processes"} <= set(settings)  # fmt: skip
+    recorded = {**vars(args), **run_config, "max_steps": state["max_steps"], "processes": args.world_size}
+    assert settings == {key: str(recorded[key]) for key in settings}
+    assert (settings["max_steps"], settings["per_device_train_batch_size"], settings["processes"]) == ("3", "8", "1")
+    assert EWT_TRAINING_DATA.description in card.text  # the embedded corpus the run used
+    assert f'from_pretrained("path/to/{output_dir.name}"' in card.text and str(output_dir) not in card.text
