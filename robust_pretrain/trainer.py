@@ -120,9 +120,27 @@ class MinimaxTrainer(Trainer):
             loss = self._weighted_objective(sums, counts)
             self._train_sums += torch.cat([sums.detach(), counts]).cpu()
         else:
+            unique = self._unique_rows(inputs)
+            if unique is not None:  # the batch ends with repeats that complete the last distributed batch
+                sums, counts = (
+                    self._task_sums(model, first_rows(inputs, unique))[:2] if unique else (sums * 0, counts * 0)
+                )
             self._eval_sums += torch.cat([sums.detach(), counts]).cpu()
             loss = sums.sum() / counts.sum().clamp_min(1)
         return (loss, outputs) if return_outputs else loss
+
+    def _unique_rows(self, inputs: dict[str, Any]) -> int | None:
+        """How many leading rows of this eval batch are not repeats added by the distributed sampler (None: all).
+
+        Uses ``gather_for_metrics``, which drops exactly those repeats from the gathered rows of the last batch.
+        """
+        if self.accelerator.num_processes == 1:
+            return None
+        size = next(v.shape[0] for v in inputs.values() if torch.is_tensor(v) and v.dim())
+        rank = self.accelerator.process_index
+        owners = self.accelerator.gather_for_metrics(torch.full((size,), rank, device=self.args.device))
+        unique = int((owners == rank).sum())
+        return None if unique == size else unique
 
     def _task_sums(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One forward pass; returns per-task loss sums (with gradient), target counts and the model outputs."""
@@ -361,6 +379,12 @@ class _LearnableWeightsCallback(TrainerCallback):
     def on_optimizer_step(self, args, state, control, **kwargs):
         for param in self.trainer.weighting.parameters():
             param.grad = None
+
+
+def first_rows(inputs: dict[str, Any], rows: int) -> dict[str, Any]:
+    """The batch restricted to its first ``rows`` examples (tensors sharing the batch dimension are sliced)."""
+    size = next(v.shape[0] for v in inputs.values() if torch.is_tensor(v) and v.dim())
+    return {k: v[:rows] if torch.is_tensor(v) and v.dim() and v.shape[0] == size else v for k, v in inputs.items()}
 
 
 def last_encoder_layer(model: torch.nn.Module) -> str:

@@ -1,9 +1,14 @@
 """MinimaxTrainer inside the Trainer's machinery: version floor, columns, evaluation, metrics, Trainer options."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
-from test_trainer import DictLossModel, GradRecorder, make_args, max_relative_difference, one_step
-from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
+from test_trainer import SCRIPT, DictLossModel, GradRecorder, make_args, max_relative_difference, one_step
+from tiny_training import TASKS, as_dataset, evaluate_both_modes, masked_examples, tiny_bert
 from transformers import PretrainedConfig, Trainer
 
 from robust_pretrain import MinimaxTrainer
@@ -126,3 +131,20 @@ def test_compute_metrics_gets_predictions_in_label_layout_with_the_sparse_head(t
     mask = examples["labels"] != -100
     expected = (predicted[mask] == examples["labels"][mask]).float().mean().item()
     assert metrics["eval_accuracy"] == pytest.approx(expected)
+
+
+def test_two_process_evaluation_of_an_uneven_set_equals_one_process(tmp_path):
+    """5 examples, 2 processes x batch 2: the sampler repeats 3 examples to fill the last batches; they never count."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    out = tmp_path / "two"
+    script = [str(SCRIPT), "--out", str(out), "--eval_examples", "5", "--batch_size", "2"]
+    subprocess.run([*launch, *script], check=True, env=env)
+    single = evaluate_both_modes(make_args(tmp_path, per_device_eval_batch_size=2), 5)
+    reference = single["labels"]
+    names = [f"eval_task_loss/{t}" for t in TASKS] + ["eval_mean_task_loss", "eval_worst_task_loss"]
+    assert set(names) <= reference.keys()
+    assert [single["task_losses"][n] for n in names] == pytest.approx([reference[n] for n in names], rel=1e-6)
+    for rank in (0, 1):
+        for mode, metrics in json.loads((out / f"eval-rank{rank}.json").read_text()).items():
+            assert [metrics[n] for n in names] == pytest.approx([reference[n] for n in names], rel=1e-6), (rank, mode)

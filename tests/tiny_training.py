@@ -1,7 +1,8 @@
 """A tiny BERT masked-LM run used by the trainer tests, in-process or as a script (torchrun, resume-after-kill).
 
 As a script it writes, into ``--out``: ``grads-rank<r>.safetensors`` (the first step's gradients, before the optimizer
-step), ``weights-rank<r>.json`` (the weights of every step) and the Trainer's checkpoints.
+step), ``weights-rank<r>.json`` (the weights of every step) and the Trainer's checkpoints; with ``--eval_examples N``
+it only evaluates (a ``labels`` + ``task_ids`` model and a ``task_losses`` model) and writes ``eval-rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,38 @@ def as_dataset(examples: dict[str, torch.Tensor]) -> Dataset:
     return Dataset.from_dict({k: v.tolist() for k, v in examples.items()})
 
 
+class TaskLossBert(torch.nn.Module):
+    """``tiny_bert`` returning ``task_losses`` and ``task_counts`` dicts (the contract of the vision models).
+
+    Its batches carry the task ids as ``target_task_ids``, so the trainer takes the losses from the model.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = tiny_bert()
+
+    def forward(self, input_ids, attention_mask, labels, target_task_ids) -> dict:
+        logits = self.bert(input_ids=input_ids, attention_mask=attention_mask).logits
+        mask = target_task_ids >= 0
+        losses = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="none")
+        ids = target_task_ids[mask]
+        present = [(name, ids == t) for t, name in enumerate(TASKS) if (ids == t).any()]
+        return {
+            "task_losses": {name: losses[of_task].mean() for name, of_task in present},
+            "task_counts": {name: float(of_task.sum()) for name, of_task in present},
+        }
+
+
+def evaluate_both_modes(args: MinimaxTrainingArguments, num_examples: int) -> dict[str, dict[str, float]]:
+    """Evaluation metrics of the same examples through ``labels`` + ``task_ids`` and through ``task_losses``."""
+    examples = masked_examples(num_examples, seed=1)
+    renamed = {("target_task_ids" if k == "task_ids" else k): v for k, v in examples.items()}
+    metrics = {}
+    for mode, model, data in (("labels", tiny_bert(), examples), ("task_losses", TaskLossBert(), renamed)):
+        metrics[mode] = MinimaxTrainer(model=model, args=args, eval_dataset=as_dataset(data)).evaluate()
+    return metrics
+
+
 class RecordCallback(TrainerCallback):
     """Records the first step's gradients and every step's weights; optionally SIGKILLs itself after a save."""
 
@@ -83,14 +116,21 @@ def main() -> None:
     parser.add_argument("--loss_ema", type=float, default=0.0)
     parser.add_argument("--kill_after_save", type=int)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--eval_examples", type=int, default=0)
     cli = parser.parse_args()
     args = MinimaxTrainingArguments(
         output_dir=cli.out, task_names=TASKS, weighting=cli.weighting, loss_ema=cli.loss_ema,
-        per_device_train_batch_size=cli.batch_size, gradient_accumulation_steps=cli.grad_accum,
+        per_device_train_batch_size=cli.batch_size, per_device_eval_batch_size=cli.batch_size,
+        gradient_accumulation_steps=cli.grad_accum,
         max_steps=cli.max_steps, learning_rate=1e-3, max_grad_norm=0.0, logging_steps=1,
         save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
         report_to=[], use_cpu=True, seed=7, data_seed=7, disable_tqdm=True,
     )
+    if cli.eval_examples:
+        os.makedirs(cli.out, exist_ok=True)
+        with open(os.path.join(cli.out, f"eval-rank{args.process_index}.json"), "w") as f:
+            json.dump(evaluate_both_modes(args, cli.eval_examples), f)
+        return
     trainer = MinimaxTrainer(
         model=tiny_bert(dropout=cli.dropout), args=args, train_dataset=as_dataset(masked_examples(cli.num_examples))
     )
