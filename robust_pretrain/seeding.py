@@ -9,9 +9,8 @@ trained on (without collating them). Deriving each example's generator from ``(s
 - independent of the number of DataLoader workers, processes, batch size and order (different examples, hence
   different workers' batches, draw differently);
 - different per epoch, once the epoch is set with ``set_epoch`` (:class:`SetEpochCallback` does it for a
-  ``Trainer``: it runs before the epoch's DataLoader iterator, hence its workers, is created).
-
-With ``dataloader_persistent_workers=True`` the workers keep the epoch they were started with; leave it off.
+  ``Trainer`` before each epoch's batches are drawn). Keep the epoch in a :class:`SharedEpoch`: it lives in shared
+  memory, so DataLoader workers see the new epoch even when they persist across epochs.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 from transformers import TrainerCallback
 
 
@@ -70,6 +70,23 @@ def keyed_rng(seed: int, epoch: int, key: Any) -> np.random.Generator:
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, stable_hash(key)])))
+
+
+class SharedEpoch:
+    """An epoch number shared with DataLoader worker processes (a shared-memory tensor), also persistent ones."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self._value = torch.zeros((), dtype=torch.long).share_memory_()
+        self.set(epoch)
+
+    @property
+    def value(self) -> int:
+        return int(self._value)
+
+    def set(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._value.fill_(int(epoch))
 
 
 class SupportsSetEpoch(Protocol):

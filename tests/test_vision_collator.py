@@ -160,6 +160,17 @@ def test_dataloader_workers_draw_the_same_masks_as_the_main_process():
     assert not torch.equal(in_process[0], in_process[1])  # the workers' batches differ
 
 
+def test_persistent_workers_follow_set_epoch():
+    collator = ModalityMaskCollator(num_visible_tokens=30, patch_size=PATCH, seed=5)
+    loader = DataLoader(_Examples(), batch_size=4, collate_fn=collator, num_workers=1, persistent_workers=True)
+    epoch0 = [b["mask_rgb"] for b in loader]
+    collator.set_epoch(1)
+    epoch1 = [b["mask_rgb"] for b in loader]
+    expected = [collator([example(i) for i in range(s, s + 4)])["mask_rgb"] for s in (0, 4, 8)]
+    assert all(torch.equal(a, b) for a, b in zip(epoch1, expected, strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(epoch0, epoch1, strict=True))
+
+
 class _MaskRecorder(nn.Module):
     """A one-parameter model that records the images and masks it is fed."""
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robust_pretrain.seeding import keyed_rng
+from robust_pretrain.seeding import SharedEpoch, keyed_rng
 
 DEFAULT_MODALITIES = ("rgb", "depth", "semseg")
 
@@ -35,8 +35,9 @@ class ModalityMaskCollator:
 
     Randomness: each example draws from :func:`~robust_pretrain.seeding.keyed_rng` with ``(seed, epoch, key)``,
     ``key`` = the example's ``key_column`` value if it has one, else a hash of its modality tensors. Masks thus do
-    not depend on workers, processes, batch composition or a resume; ``set_epoch`` changes them per epoch
-    (:class:`~robust_pretrain.seeding.SetEpochCallback`). Identical examples without ids draw identical masks.
+    not depend on workers, processes, batch composition or a resume; ``set_epoch`` changes them per epoch, also in
+    persistent workers (:class:`~robust_pretrain.seeding.SetEpochCallback` calls it for a ``Trainer``).
+    Identical examples without ids draw identical masks.
     """
 
     num_visible_tokens: int
@@ -46,7 +47,7 @@ class ModalityMaskCollator:
     fill_values: Mapping[str, float] = field(default_factory=lambda: {"depth": 0.0, "semseg": 255})
     key_column: str = "id"
     seed: int = 0
-    epoch: int = 0
+    _epoch: SharedEpoch = field(default_factory=SharedEpoch, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_visible_tokens < 1:
@@ -61,8 +62,13 @@ class ModalityMaskCollator:
             raise ValueError(f"modalities must be distinct names, got {list(self.modalities)}")
         self.modalities = tuple(self.modalities)
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        """Draw the masks of ``epoch`` from now on, also in running DataLoader workers."""
+        self._epoch.set(epoch)
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
@@ -74,11 +80,12 @@ class ModalityMaskCollator:
         has = np.array([[f.get(name) is not None for name in present] for f in features])
         num_patches = self._num_patches(tensors)
         masks = np.ones((len(features), len(present), num_patches), dtype=bool)
+        epoch = self.epoch
         for row, example in enumerate(features):
             key = example.get(self.key_column)
             if key is None:
                 key = [example[name] for name in present if example.get(name) is not None]
-            masks[row] = self.sample_masks(keyed_rng(self.seed, self.epoch, key), has[row], num_patches)
+            masks[row] = self.sample_masks(keyed_rng(self.seed, epoch, key), has[row], num_patches)
         batch = dict(tensors)
         for index, name in enumerate(present):
             batch[f"mask_{name}"] = torch.from_numpy(masks[:, index])
