@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx2
 from huggingface_hub import CommitInfo, HfApi, constants
@@ -80,8 +80,25 @@ def validate_output_dir(output_dir: str | Path) -> Path:
     )
 
 
-def _retry_command(output_dir: Path, repo_id: str | None) -> str:
+def publish_command(
+    output_dir: str | Path,
+    repo_id: str | None,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    include_checkpoints: bool = False,
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
+) -> str:
+    """The ``robust-pretrain-publish`` command line that publishes ``output_dir`` with these options (never a token)."""
     args = ["robust-pretrain-publish", str(output_dir), "--repo-id", repo_id or "<namespace>/<name>"]
+    if private:
+        args.append("--private")
+    if revision is not None:
+        args += ["--revision", revision]
+    if include_checkpoints:
+        args.append("--include-checkpoints")
+    if commit_message != DEFAULT_COMMIT_MESSAGE:
+        args += ["--commit-message", commit_message]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -94,12 +111,15 @@ def _local_state(output_dir: Path) -> str:
 
 
 @contextmanager
-def explain_hub_errors(output_dir: str | Path, repo_id: str | None = None) -> Iterator[None]:
-    """Re-raise connection and authentication failures of the Hub client as :class:`HubPublishError`.
+def explain_hub_errors(output_dir: str | Path, repo_id: str | None = None, **publish_options: Any) -> Iterator[None]:
+    """Re-raise connection and authentication failures of the Hub client as :class:`HubPublishError`, whose retry
+    command repeats ``publish_options`` (those of :func:`publish_command`: private, revision, include_checkpoints,
+    commit_message).
 
     Other errors (e.g. a missing repo or a server error) propagate unchanged.
     """
     directory = Path(output_dir).expanduser().resolve()
+    retry = publish_command(directory, repo_id, **publish_options)
     try:
         yield
     except (httpx2.TransportError, ConnectionError) as err:
@@ -107,7 +127,7 @@ def explain_hub_errors(output_dir: str | Path, repo_id: str | None = None) -> It
         raise HubPublishError(
             f"Could not reach the Hugging Face Hub at {constants.ENDPOINT}{offline}: {err}\n"
             f"{_local_state(directory)}\n"
-            f"Once the Hub is reachable, publish it with:\n    {_retry_command(directory, repo_id)}",
+            f"Once the Hub is reachable, publish it with:\n    {retry}",
             reason="unreachable",
             output_dir=directory,
             repo_id=repo_id,
@@ -121,17 +141,20 @@ def explain_hub_errors(output_dir: str | Path, repo_id: str | None = None) -> It
             f"{repo_id or 'the repository'}: the token is missing, invalid, or lacks write access to that namespace.\n"
             f"{_local_state(directory)}\n"
             "Create a token with write access (https://huggingface.co/settings/tokens), then publish with:\n"
-            f"    {_retry_command(directory, repo_id)} --token <TOKEN>   (or set HF_TOKEN / run `hf auth login`)",
+            f"    {retry} --token <TOKEN>   (or set HF_TOKEN / run `hf auth login`)",
             reason="auth",
             output_dir=directory,
             repo_id=repo_id,
         ) from err
 
 
-def push_or_explain(fn: Callable[[], T], *, output_dir: str | Path, repo_id: str | None = None) -> T:
+def push_or_explain(
+    fn: Callable[[], T], *, output_dir: str | Path, repo_id: str | None = None, **publish_options: Any
+) -> T:
     """Call ``fn`` (e.g. ``trainer.push_to_hub``) and return its result, raising :class:`HubPublishError` with a
-    retry hint if the Hub is unreachable or refuses the token."""
-    with explain_hub_errors(output_dir, repo_id):
+    retry command (repeating ``publish_options``, see :func:`publish_command`) if the Hub is unreachable or refuses
+    the token."""
+    with explain_hub_errors(output_dir, repo_id, **publish_options):
         return fn()
 
 
@@ -156,7 +179,8 @@ def publish_output_dir(
         HubPublishError: the Hub is unreachable or refused the token.
     """
     directory = validate_output_dir(output_dir)
-    with explain_hub_errors(directory, repo_id):
+    options = {"private": private, "revision": revision, "include_checkpoints": include_checkpoints}
+    with explain_hub_errors(directory, repo_id, commit_message=commit_message, **options):
         api = HfApi(token=token)
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
         if revision is not None and revision != constants.DEFAULT_REVISION:

@@ -6,6 +6,7 @@ import hashlib
 import http.client
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertFo
 from robust_pretrain.hub import (
     HubPublishError,
     InvalidOutputDirError,
+    _build_parser,
     main,
     publish_output_dir,
     push_or_explain,
@@ -44,7 +46,6 @@ PUBLISHED = {
     "training_args.bin",
 }
 TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "checkpoint-2/model.safetensors"}
-
 
 
 @pytest.fixture
@@ -180,6 +181,66 @@ def test_unreachable_hub_keeps_local_files(closed_endpoint: str, output_dir: Pat
     assert f"the local save in {output_dir.resolve()} is complete" in message
     assert f"robust-pretrain-publish {output_dir.resolve()} --repo-id {REPO_ID}" in message
     assert _digest(output_dir) == before
+
+
+RETRY_OPTIONS = {"private": True, "revision": "dev branch", "include_checkpoints": True, "commit_message": "Retry it"}
+
+
+def retry_arguments(message: str) -> dict:
+    """The options of the robust-pretrain-publish command an error message suggests, as the CLI would parse them."""
+    line = next(line for line in message.splitlines() if line.strip().startswith("robust-pretrain-publish "))
+    argv = shlex.split(line.split("   (or set HF_TOKEN")[0])
+    assert argv[0] == "robust-pretrain-publish"
+    return vars(_build_parser().parse_args(argv[1:]))
+
+
+def test_unreachable_retry_repeats_every_option(closed_endpoint: str, output_dir: Path) -> None:
+    with pytest.raises(HubPublishError) as info:
+        publish_output_dir(output_dir, REPO_ID, token=DEFAULT_TOKEN, **RETRY_OPTIONS)
+
+    assert DEFAULT_TOKEN not in str(info.value)
+    expected = {"output_dir": output_dir.resolve(), "repo_id": REPO_ID, "token": None, **RETRY_OPTIONS}
+    assert retry_arguments(str(info.value)) == expected
+
+
+def test_refused_token_retry_repeats_every_option_but_the_token(local_hub: LocalHubServer, output_dir: Path) -> None:
+    with pytest.raises(HubPublishError) as info:
+        publish_output_dir(output_dir, REPO_ID, token="hf_refused_secret", **RETRY_OPTIONS)
+
+    assert "hf_refused_secret" not in str(info.value)
+    expected = {"output_dir": output_dir.resolve(), "repo_id": REPO_ID, "token": "<TOKEN>", **RETRY_OPTIONS}
+    assert retry_arguments(str(info.value)) == expected
+
+
+def test_cli_retry_repeats_every_option(closed_endpoint: str, output_dir: Path, capsys) -> None:
+    argv = [str(output_dir), "--repo-id", REPO_ID, "--token", DEFAULT_TOKEN, "--private", "--revision", "v1"]
+    assert main([*argv, "--include-checkpoints"]) == 1
+
+    error = capsys.readouterr().err
+    assert DEFAULT_TOKEN not in error
+    assert retry_arguments(error) == {
+        "output_dir": output_dir.resolve(),
+        "repo_id": REPO_ID,
+        "token": None,
+        "private": True,
+        "revision": "v1",
+        "include_checkpoints": True,
+        "commit_message": "Upload model trained with robust-pretrain",
+    }
+
+
+def test_push_or_explain_retry_repeats_the_push_options(closed_endpoint: str, output_dir: Path) -> None:
+    with pytest.raises(HubPublishError) as info:
+        push_or_explain(
+            lambda: HfApi().whoami(token=DEFAULT_TOKEN),
+            output_dir=output_dir,
+            repo_id=REPO_ID,
+            private=True,
+            revision="trainer-runs",
+        )
+
+    parsed = retry_arguments(str(info.value))
+    assert (parsed["private"], parsed["revision"], parsed["include_checkpoints"]) == (True, "trainer-runs", False)
 
 
 def test_refused_token(local_hub: LocalHubServer, output_dir: Path) -> None:

@@ -22,7 +22,6 @@ from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer
 REPO_ID = f"{DEFAULT_USER}/tiny-trainer-push"
 
 
-
 def test_trainer_pushes_every_save_and_at_end(local_hub: LocalHubServer, tmp_path: Path) -> None:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(get_model_path())

@@ -151,5 +151,7 @@ def push(trainer: MinimaxTrainer) -> None:
         push_or_explain(
             lambda: trainer.push_to_hub(blocking=True),
             output_dir=trainer.args.output_dir,
-            repo_id=trainer.args.hub_model_id,
+            repo_id=trainer.hub_model_id or trainer.args.hub_model_id,
+            private=bool(trainer.args.hub_private_repo),
+            revision=trainer.args.hub_revision,
         )
