@@ -233,14 +233,16 @@ class MinimaxTrainer(Trainer):
             )
 
     def _task_grad_norms(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Norm of each task's mean-loss gradient w.r.t. the shared module, averaged over processes (GradNorm)."""
+        """Norm of each task's mean-loss gradient w.r.t. the shared module, averaged over the processes that measured
+        it (GradNorm); NaN for a task no process saw in this micro-batch."""
         params = self._shared_parameters()
         norms = torch.zeros(self.num_tasks, device=sums.device)
         for t in torch.nonzero(counts > 0).flatten().tolist():
             grads = torch.autograd.grad(sums[t] / counts[t], params, retain_graph=True, allow_unused=True)
             norms[t] = torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None))
         pooled = self._all_reduce(torch.cat([norms, (counts > 0).float()]))
-        return pooled[: self.num_tasks] / pooled[self.num_tasks :].clamp_min(1)
+        measured = pooled[self.num_tasks :]
+        return torch.where(measured > 0, pooled[: self.num_tasks] / measured.clamp_min(1), math.nan)
 
     def _shared_parameters(self) -> list[torch.nn.Parameter]:
         if self._shared_params is None:

@@ -148,3 +148,28 @@ def test_two_process_evaluation_of_an_uneven_set_equals_one_process(tmp_path):
     for rank in (0, 1):
         for mode, metrics in json.loads((out / f"eval-rank{rank}.json").read_text()).items():
             assert [metrics[n] for n in names] == pytest.approx([reference[n] for n in names], rel=1e-6), (rank, mode)
+
+
+def test_gradnorm_with_a_task_first_seen_after_the_first_micro_batch(tmp_path):
+    """GA = 2 and task 2 only in the second micro-batch: GradNorm balances the tasks measured at the first one."""
+    examples = masked_examples(8)
+    late = examples["task_ids"][:4] == 2
+    first = {k: v[:4].clone() for k, v in examples.items()}
+    first["labels"][late], first["task_ids"][late] = -100, -100
+    second = {k: v[4:] for k, v in examples.items()}
+    assert (second["task_ids"] == 2).any()
+    args = make_args(tmp_path, weighting="gradnorm", per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args)
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([first, second]), 2, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 2
+    for batch in samples:
+        loss = trainer.compute_loss(trainer.model, batch)
+        assert torch.isfinite(loss)
+        loss.backward()
+    assert torch.allclose(trainer.step_weights, torch.full((3,), 1 / 3))  # w = 1 for every present task, / T
+    targets, grad = trainer.weighting.last_target_norms, trainer.weighting.task_weights.grad
+    # first step: r_t = 1, so both measured tasks share the target mean(g_0, g_1); the unmeasured task is left alone
+    assert torch.isfinite(targets).all() and targets[0] == targets[1] > 0 and targets[2] == 0
+    g = grad[:2].abs()  # |dL_grad/dw_t| = g_t and the signs oppose around the mean
+    assert targets[0] == pytest.approx(g.mean().item(), rel=1e-5) and grad[0] * grad[1] < 0 and grad[2] == 0

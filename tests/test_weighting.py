@@ -221,3 +221,14 @@ def test_no_present_task_gives_zero_weights():
 def test_invalid_options_fail_with_the_option_named(name, options, message):
     with pytest.raises(ValueError, match=message):
         build_weighting(name, 3, **options)
+
+
+def test_gradnorm_balances_only_the_tasks_with_a_measured_gradient_norm():
+    strategy = build_weighting("gradnorm", 3, gradnorm_alpha=1.0)
+    observed = torch.tensor([True, True, False])
+    norms = torch.tensor([1.0, 3.0, math.nan])
+    w = strategy.weights(torch.tensor([2.0, 4.0, math.nan]), ALL, observed, grad_norms=norms)
+    # r = [1, 1] over the measured tasks; G = [1, 3], Gbar = 2 -> targets [2, 2]; task 2 keeps w = 1, no gradient
+    assert torch.equal(strategy.last_target_norms, torch.tensor([2.0, 2.0, 0.0]))
+    assert torch.equal(strategy.task_weights.grad, torch.tensor([-1.0, 3.0, 0.0]))
+    assert torch.allclose(w, torch.full((3,), 1 / 3))

@@ -79,7 +79,8 @@ class Weighting(ABC):
             present: tasks with at least one target in this step. Only they get weight; the others keep their estimate.
             observed: tasks whose entry of ``task_losses`` is a fresh measurement (default: ``present``). A task present
                 but not yet observed uses its last estimate (or, never seen, the largest current estimate).
-            grad_norms: per-task gradient norms on the shared module, for strategies with ``needs_grad_norms``.
+            grad_norms: per-task gradient norms on the shared module, for strategies with ``needs_grad_norms``;
+                NaN for a task whose norm was not measured at this step.
         """
         task_losses = task_losses.detach().float().cpu()
         present = present.detach().bool().cpu()

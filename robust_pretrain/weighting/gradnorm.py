@@ -38,12 +38,15 @@ class GradNormWeighting(Weighting):
             self.task_weights.copy_(w * self.num_tasks / w.sum())
         w = self.task_weights.detach().cpu()
         g = grad_norms.detach().float().cpu()
-        relative = losses / self.initial_losses
-        inverse_rate = relative / relative[present].mean()
+        balanced = present & g.isfinite()  # tasks whose norm (and loss) was measured at this step
+        g = torch.where(balanced, g, 0.0)
+        relative = torch.where(balanced, losses / self.initial_losses, 0.0)
+        inverse_rate = relative / relative[balanced].mean() if balanced.any() else relative
         norms = w * g
-        targets = torch.where(present, norms[present].mean() * inverse_rate.pow(self.gradnorm_alpha), 0.0)
+        mean_norm = norms[balanced].mean() if balanced.any() else 0.0
+        targets = torch.where(balanced, mean_norm * inverse_rate.pow(self.gradnorm_alpha), 0.0)
         self.last_target_norms = targets
-        grad = torch.where(present, torch.sign(norms - targets) * g, 0.0)
+        grad = torch.where(balanced, torch.sign(norms - targets) * g, 0.0)
         if self.task_weights.grad is None:
             self.task_weights.grad = torch.zeros_like(self.task_weights)
         self.task_weights.grad += grad.to(self.task_weights.device)
