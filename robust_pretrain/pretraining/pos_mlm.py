@@ -418,7 +418,8 @@ def main(argv: list[str] | None = None) -> dict:
             "processes": training_args.world_size,
         },
     }
-    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, settings)
+    final_weights = trainer.step_weights.tolist()
+    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, settings, final_weights)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
     write_report_and_card(
