@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from robust_pretrain.weighting import WEIGHTINGS
-
 if TYPE_CHECKING:
     from transformers import Trainer
 
@@ -312,6 +310,8 @@ def card_renderer(trainer: Trainer, content: ModelCardContent) -> Callable[[], M
 
 def weighting_summary(weighting: str | None) -> str:
     """One paragraph on the strategy: the first paragraph of its module's docstring, in Markdown."""
+    from robust_pretrain.weighting import WEIGHTINGS  # torch: imported when a card is built, not by the publish command
+
     if weighting not in WEIGHTINGS:
         return f"`{weighting}`."
     doc = inspect.getmodule(WEIGHTINGS[weighting]).__doc__ or f"`{weighting}`."

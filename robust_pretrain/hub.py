@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx2
-from huggingface_hub import CommitInfo, HfApi, constants
+from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+
+from robust_pretrain.card import card_text_for_repo
 
 T = TypeVar("T")
 
@@ -173,6 +176,8 @@ def publish_output_dir(
     Everything in ``output_dir`` is uploaded (weights or adapter, config, tokenizer, README.md model card,
     task_report.json, task_weights.png, ...) except ``checkpoint-*/`` folders and optimizer / scheduler / scaler /
     RNG states, unless ``include_checkpoints=True``. ``revision`` names a branch, created from ``main`` if needed.
+    A model card written by :func:`robust_pretrain.card.render_model_card` is published re-rendered for the repo (its
+    code example loads the repo id); the local files are not changed.
 
     Raises:
         InvalidOutputDirError: ``output_dir`` is missing or holds no saved model (checked before any network call).
@@ -185,13 +190,17 @@ def publish_output_dir(
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
         if revision is not None and revision != constants.DEFAULT_REVISION:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=directory,
-            commit_message=commit_message,
-            revision=revision,
-            ignore_patterns=None if include_checkpoints else list(TRAINING_STATE_PATTERNS),
-        )
+        ignored = [*DEFAULT_IGNORE_PATTERNS, *([] if include_checkpoints else TRAINING_STATE_PATTERNS)]
+        files = [path.relative_to(directory).as_posix() for path in sorted(directory.rglob("*")) if path.is_file()]
+        card = card_text_for_repo(directory, repo_id)
+        operations = [
+            CommitOperationAdd(
+                path_in_repo=name,
+                path_or_fileobj=card.encode() if name == "README.md" and card is not None else directory / name,
+            )
+            for name in filter_repo_objects(files, ignore_patterns=ignored)
+        ]
+        return api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision)
 
 
 def _build_parser() -> argparse.ArgumentParser:

