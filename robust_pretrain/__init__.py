@@ -1,13 +1,16 @@
 """robust-pretrain: task-robust (worst-case) pre-training on top of the Hugging Face Trainer.
 
 The trainer and its arguments import transformers; they load on first access so that light entry points (the
-``robust-pretrain-publish`` command, tagging workers) start fast.
+``robust-pretrain-publish`` command, tagging workers) start fast. Importing the package registers the MM-MAE
+classes with transformers' Auto classes (lazily, see :mod:`robust_pretrain.vision.auto_registration`).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 from typing import Any
+
+from robust_pretrain.vision.auto_registration import install_auto_registration
 
 __version__ = "0.1.0"
 
@@ -19,6 +22,9 @@ _LAZY = {
     "build_weighting": "robust_pretrain.weighting",
 }
 __all__ = sorted(_LAZY)
+
+# MM-MAE classes join transformers' Auto classes when transformers loads them (no import of transformers here).
+install_auto_registration()
 
 
 def __getattr__(name: str) -> Any:

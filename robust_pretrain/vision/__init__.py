@@ -1,0 +1,29 @@
+"""Images: MM-MAE models (Auto-registered), modality-mask collator, image processor, scene generator, loaders.
+
+Names load lazily, on first access, so importing this package stays cheap. Auto registration: see
+:mod:`robust_pretrain.vision.auto_registration` (installed by ``import robust_pretrain``).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "ModalitySpec": "robust_pretrain.vision.configuration_multimae",
+    "MultiMAEConfig": "robust_pretrain.vision.configuration_multimae",
+    "MultiMAEModel": "robust_pretrain.vision.modeling_multimae",
+    "MultiMAEForPreTraining": "robust_pretrain.vision.modeling_multimae",
+    "MultiMAEForPreTrainingOutput": "robust_pretrain.vision.modeling_multimae",
+    "MultiMAEForImageClassification": "robust_pretrain.vision.modeling_multimae",
+    "MultiMAEForSemanticSegmentation": "robust_pretrain.vision.modeling_multimae",
+    "MultiMAEForDepthEstimation": "robust_pretrain.vision.modeling_multimae",
+    "ModalityMaskCollator": "robust_pretrain.vision.collator",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

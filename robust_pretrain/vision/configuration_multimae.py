@@ -1,0 +1,210 @@
+"""Configuration of the multi-modal masked autoencoder (MM-MAE): its modalities and its encoder, decoders and heads.
+
+A modality is configuration, not code: a :class:`ModalitySpec` names it (the batch key and the task name), says what
+it is (``rgb`` image, metric ``depth`` map or ``semseg`` class-id map) and which reconstruction loss it uses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import AutoConfig, PretrainedConfig
+
+MODALITY_KINDS = ("rgb", "depth", "semseg")
+MODALITY_LOSSES = ("mse", "l1", "cross_entropy")
+_KIND_DEFAULTS = {"rgb": (3, "mse"), "depth": (1, "l1"), "semseg": (1, "cross_entropy")}
+
+
+@dataclass
+class ModalitySpec:
+    """One input modality and its reconstruction task.
+
+    ``channels`` and ``loss`` default by ``kind``: rgb 3 channels + ``mse``, depth 1 channel + ``l1`` (metres, 0 =
+    invalid pixel), semseg a class-id map + ``cross_entropy`` (needs ``num_classes``; ``ignore_index`` marks unknown
+    pixels). ``norm_pix_loss``: regress per-patch normalised pixels (MAE), used by ``mse``.
+    """
+
+    name: str
+    kind: str
+    channels: int | None = None
+    num_classes: int | None = None
+    loss: str | None = None
+    ignore_index: int = 255
+    norm_pix_loss: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isidentifier():
+            raise ValueError(f"modalities: name {self.name!r} must be a non-empty identifier (it is a batch key)")
+        if self.kind not in MODALITY_KINDS:
+            raise ValueError(f"modalities[{self.name}]: kind {self.kind!r} is not one of {MODALITY_KINDS}")
+        default_channels, default_loss = _KIND_DEFAULTS[self.kind]
+        self.channels = default_channels if self.channels is None else self.channels
+        self.loss = default_loss if self.loss is None else self.loss
+        if self.loss not in MODALITY_LOSSES:
+            raise ValueError(f"modalities[{self.name}]: loss {self.loss!r} is not one of {MODALITY_LOSSES}")
+        if self.kind == "semseg":
+            if self.num_classes is None or self.num_classes < 1:
+                raise ValueError(f"modalities[{self.name}]: a semseg modality needs num_classes >= 1")
+            if self.loss != "cross_entropy":
+                raise ValueError(f"modalities[{self.name}]: a semseg modality uses loss 'cross_entropy'")
+            if 0 <= self.ignore_index < self.num_classes:
+                raise ValueError(
+                    f"modalities[{self.name}]: ignore_index {self.ignore_index} is a class id (< {self.num_classes})"
+                )
+        elif self.loss == "cross_entropy":
+            raise ValueError(f"modalities[{self.name}]: cross_entropy needs kind 'semseg', got {self.kind!r}")
+        if self.channels < 1:
+            raise ValueError(f"modalities[{self.name}]: channels must be >= 1, got {self.channels}")
+
+    @property
+    def output_channels(self) -> int:
+        """Channels of the decoder's prediction: class logits for semseg, the image channels otherwise."""
+        return self.num_classes if self.kind == "semseg" else self.channels
+
+
+def default_modalities(num_semseg_classes: int = 40) -> list[ModalitySpec]:
+    """RGB, depth and semantic segmentation (NYUv2-40 class count by default)."""
+    return [
+        ModalitySpec("rgb", "rgb"),
+        ModalitySpec("depth", "depth"),
+        ModalitySpec("semseg", "semseg", num_classes=num_semseg_classes),
+    ]
+
+
+@strict(accept_kwargs=True)
+class MultiMAEConfig(PretrainedConfig):
+    r"""Configuration of :class:`MultiMAEModel` and its pre-training / fine-tuning heads.
+
+    Encoder: a ViT (``hidden_size``, ``num_hidden_layers``, ... as in ``ViTConfig``) over the visible patches of all
+    modalities plus ``num_global_tokens`` learned global tokens, with fixed 2D sine-cosine position embeddings.
+    Decoders (pre-training, one per modality): ``decoder_*`` sizes. Fine-tuning heads: ``finetune_modalities`` are the
+    inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense heads are DPT reassemble-and-fuse
+    heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes`` / ``fusion_hidden_size`` channels.
+
+    Args:
+        modalities: list of :class:`ModalitySpec` (or their dicts); default rgb, depth, semseg (40 classes).
+        image_size: ``int`` or ``[height, width]``; the size export and the pre-training data use. The encoder accepts
+            any size that is a multiple of ``patch_size`` (position embeddings are computed, not learned).
+        class_embed_dim: width of the semseg class embedding applied before patchifying.
+    """
+
+    model_type = "multimae"
+
+    modalities: list | None = None
+    image_size: int | list[int] | tuple[int, int] = 224
+    patch_size: int = 16
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.0
+    attention_probs_dropout_prob: float | int = 0.0
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-6
+    qkv_bias: bool = True
+    num_global_tokens: int = 1
+    class_embed_dim: int = 64
+    decoder_hidden_size: int = 256
+    decoder_num_hidden_layers: int = 2
+    decoder_num_attention_heads: int = 8
+    decoder_intermediate_size: int = 1024
+    finetune_modalities: list[str] | None = None
+    head_layer_indices: list[int] | None = None
+    neck_hidden_sizes: list[int] | None = None
+    fusion_hidden_size: int = 256
+    semantic_loss_ignore_index: int = 255
+    semantic_classifier_dropout: float | int = 0.1
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        specs = default_modalities() if self.modalities is None else self.modalities
+        self.modalities = [spec if isinstance(spec, ModalitySpec) else ModalitySpec(**spec) for spec in specs]
+        names = [spec.name for spec in self.modalities]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"modalities: need at least one, with unique names; got {names}")
+        if self.finetune_modalities is None:
+            self.finetune_modalities = [next((s.name for s in self.modalities if s.kind == "rgb"), names[0])]
+        unknown = [name for name in self.finetune_modalities if name not in names]
+        if unknown or not self.finetune_modalities:
+            raise ValueError(f"finetune_modalities: {self.finetune_modalities} must be a non-empty subset of {names}")
+        if self.hidden_size % 4 or self.decoder_hidden_size % 4:
+            raise ValueError("hidden_size and decoder_hidden_size must be multiples of 4 (2D sine-cosine embeddings)")
+        height, width = self.image_grid_size()
+        if height < 1 or width < 1 or self.image_height % self.patch_size or self.image_width % self.patch_size:
+            raise ValueError(
+                f"image_size {self.image_size} must be a positive multiple of patch_size {self.patch_size}"
+            )
+        if self.num_global_tokens < 1:
+            raise ValueError(f"num_global_tokens must be >= 1, got {self.num_global_tokens}")
+        if self.head_layer_indices is None:
+            layers = self.num_hidden_layers
+            self.head_layer_indices = [max(0, round((i + 1) * layers / 4) - 1) for i in range(4)]
+        if len(self.head_layer_indices) != 4 or any(
+            not 0 <= i < self.num_hidden_layers for i in self.head_layer_indices
+        ):
+            raise ValueError(
+                f"head_layer_indices {self.head_layer_indices}: four encoder layers in 0..{self.num_hidden_layers - 1}"
+            )
+        if self.neck_hidden_sizes is None:
+            self.neck_hidden_sizes = [96, 192, 384, 768]
+        if len(self.neck_hidden_sizes) != 4:
+            raise ValueError(f"neck_hidden_sizes {self.neck_hidden_sizes}: one width per head layer (four)")
+        super().__post_init__(**kwargs)
+
+    @property
+    def image_height(self) -> int:
+        return self.image_size if isinstance(self.image_size, int) else int(self.image_size[0])
+
+    @property
+    def image_width(self) -> int:
+        return self.image_size if isinstance(self.image_size, int) else int(self.image_size[1])
+
+    def image_grid_size(self) -> tuple[int, int]:
+        """Patches per column and per row at ``image_size``."""
+        return self.image_height // self.patch_size, self.image_width // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        """Patches per modality at ``image_size`` (the length of each ``mask_<name>``)."""
+        height, width = self.image_grid_size()
+        return height * width
+
+    @property
+    def task_names(self) -> list[str]:
+        """One pre-training task per modality, in config order (``MinimaxTrainingArguments.task_names``)."""
+        return [spec.name for spec in self.modalities]
+
+    def modality(self, name: str) -> ModalitySpec:
+        for spec in self.modalities:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"no modality named {name!r}; the config has {self.task_names}")
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output["modalities"] = [asdict(spec) for spec in self.modalities]
+        return output
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> MultiMAEConfig:
+        """``PretrainedConfig.from_pretrained``, refusing (with a clear error) a checkpoint of another model type."""
+        config_dict, _ = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        model_type = config_dict.get("model_type")
+        if model_type != cls.model_type:
+            hint = (
+                " A ViT checkpoint (e.g. one written by robust_pretrain.vision.export) loads with transformers' "
+                "ViTModel / ViTForImageClassification instead."
+                if model_type == "vit"
+                else ""
+            )
+            raise ValueError(
+                f"{pretrained_model_name_or_path}: config.json has model_type {model_type!r}, not an MM-MAE "
+                f"checkpoint (model_type 'multimae').{hint}"
+            )
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+
+AutoConfig.register(MultiMAEConfig.model_type, MultiMAEConfig, exist_ok=True)

@@ -1,0 +1,101 @@
+"""Export the MM-MAE encoder as a standard transformers ViT checkpoint (RGB input).
+
+The encoder with one global token computes exactly what ``ViTModel`` computes on the RGB patches: the global token
+becomes the [CLS] token (position embedding 0), the fixed sine-cosine table at ``config.image_size`` becomes ViT's
+``position_embeddings``, the RGB patch projection becomes ViT's patch projection, and the ViT layers and final
+layer norm carry over unchanged. ``ViTModel`` / ``ViTForImageClassification.from_pretrained`` then load the output
+without custom code (the pooler, which MM-MAE lacks, and any classifier are initialised as usual).
+
+Command line: ``python -m robust_pretrain.vision.export <MM-MAE checkpoint> <output dir> [--modality rgb]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import ViTConfig, ViTModel
+
+from .configuration_multimae import MultiMAEConfig
+from .modeling_multimae import MultiMAEModel, MultiMAEPreTrainedModel, sincos_position_embedding
+
+
+def encoder_to_vit(model: MultiMAEPreTrainedModel, modality: str | None = None) -> ViTModel:
+    """A ``ViTModel`` (no pooler) with the encoder's weights, reading ``modality`` (default: the rgb modality)."""
+    config: MultiMAEConfig = model.config
+    encoder: MultiMAEModel = model if isinstance(model, MultiMAEModel) else model.multimae
+    name = modality or next((s.name for s in config.modalities if s.kind == "rgb"), None)
+    if name is None:
+        raise ValueError(f"the model has no rgb modality (modalities {config.task_names}); name one with modality=")
+    spec = config.modality(name)
+    if spec.kind == "semseg":
+        raise ValueError(f"modality {name!r} is a class-id map; a ViT reads pixel images (rgb or depth)")
+    if config.num_global_tokens != 1:
+        raise ValueError(f"a ViT has one [CLS] token; this encoder has num_global_tokens={config.num_global_tokens}")
+    vit_config = ViTConfig(
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        initializer_range=config.initializer_range,
+        layer_norm_eps=config.layer_norm_eps,
+        image_size=[config.image_height, config.image_width],
+        patch_size=config.patch_size,
+        num_channels=spec.channels,
+        qkv_bias=config.qkv_bias,
+        encoder_stride=config.patch_size,
+    )
+    vit = ViTModel(vit_config, add_pooling_layer=False)
+    grid_h, grid_w = config.image_grid_size()
+    source = encoder.state_dict()
+    position = sincos_position_embedding(grid_h, grid_w, config.hidden_size, torch.device("cpu"), torch.float32)
+    state = {
+        "embeddings.cls_token": source["embeddings.global_tokens"],
+        "embeddings.position_embeddings": torch.cat([position.new_zeros(1, config.hidden_size), position])[None],
+        "embeddings.patch_embeddings.projection.weight": source[
+            f"embeddings.patch_embeddings.{name}.projection.weight"
+        ],
+        "embeddings.patch_embeddings.projection.bias": source[f"embeddings.patch_embeddings.{name}.projection.bias"],
+    }
+    state.update({key: value for key, value in source.items() if key.startswith(("layers.", "layernorm."))})
+    vit.load_state_dict(state, strict=True)
+    return vit
+
+
+def export_vit(
+    model_or_path: MultiMAEPreTrainedModel | str | os.PathLike,
+    output_dir: str | os.PathLike,
+    modality: str | None = None,
+) -> Path:
+    """Write the encoder of an MM-MAE model (or checkpoint directory) as a ViT checkpoint; returns ``output_dir``."""
+    model = model_or_path
+    if not isinstance(model, MultiMAEPreTrainedModel):
+        model = MultiMAEModel.from_pretrained(model_or_path)
+    output = Path(output_dir)
+    existing = output / "config.json"
+    if existing.is_file() and json.loads(existing.read_text()).get("model_type") != "vit":
+        raise FileExistsError(f"{output} holds another (non-ViT) checkpoint; export to a new directory")
+    encoder_to_vit(model, modality).save_pretrained(output)
+    return output
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="MM-MAE checkpoint directory (or Hub id)")
+    parser.add_argument("output_dir", help="where to write the ViT checkpoint")
+    parser.add_argument("--modality", default=None, help="modality the ViT reads (default: the rgb modality)")
+    args = parser.parse_args(argv)
+    output = export_vit(args.checkpoint, args.output_dir, args.modality)
+    print(f"ViT checkpoint written to {output}")
+    return output
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""MM-MAE encoder and pre-training model: shapes, losses against hand-computed references, masking, absent
+modalities, Auto save/load in a fresh interpreter, ViT export, MinimaxTrainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, random_batch, tiny_config
+from torch.nn import functional as F
+from transformers import ViTConfig, ViTForImageClassification, ViTModel
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.vision.export import export_vit
+from robust_pretrain.vision.export import main as export_main
+from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, MultiMAEModel
+
+
+def tiny_model(seed: int = 0, **overrides) -> MultiMAEForPreTraining:
+    torch.manual_seed(seed)
+    return MultiMAEForPreTraining(tiny_config(**overrides)).eval()
+
+
+def pixel_mask(patch_mask: torch.Tensor) -> torch.Tensor:
+    """(B, N) patch flags -> (B, H, W) pixel flags."""
+    grid = patch_mask.view(-1, IMAGE // PATCH, IMAGE // PATCH)
+    return grid.repeat_interleave(PATCH, 1).repeat_interleave(PATCH, 2)
+
+
+def reference_losses(batch: dict, predictions: dict) -> dict[str, tuple[float, float]]:
+    """(mean, count) per modality, computed pixel by pixel / patch by patch from the predictions."""
+    refs = {}
+    hidden = pixel_mask(batch["mask_rgb"])
+    squared, count = 0.0, 0
+    for b in range(hidden.shape[0]):
+        for i in range(0, IMAGE, PATCH):
+            for j in range(0, IMAGE, PATCH):
+                if not hidden[b, i, j]:
+                    continue
+                target = batch["rgb"][b, :, i : i + PATCH, j : j + PATCH]
+                mean, std = target.mean(), (target.var() + 1e-6).sqrt()
+                predicted = predictions["rgb"][b, :, i : i + PATCH, j : j + PATCH].detach()
+                squared += float((((predicted - mean) / std - (target - mean) / std) ** 2).sum())
+                count += target.numel()
+    refs["rgb"] = (squared / count, count)
+    depth = batch["depth"][:, 0]
+    valid = pixel_mask(batch["mask_depth"]) & (depth > 0)
+    refs["depth"] = (float((predictions["depth"][:, 0].detach() - depth).abs()[valid].mean()), int(valid.sum()))
+    labels = batch["semseg"]
+    valid = pixel_mask(batch["mask_semseg"]) & (labels != 255)
+    losses = F.cross_entropy(predictions["semseg"].detach(), labels.clamp(max=NUM_CLASSES - 1), reduction="none")
+    refs["semseg"] = (float(losses[valid].mean()), int(valid.sum()))
+    return refs
+
+
+def test_shapes_and_losses_match_hand_computed_references():
+    model = tiny_model()
+    batch = random_batch(batch=3)
+    with torch.no_grad():
+        out = model(**batch)
+    assert out.predictions["rgb"].shape == (3, 3, IMAGE, IMAGE)
+    assert out.predictions["depth"].shape == (3, 1, IMAGE, IMAGE)
+    assert out.predictions["semseg"].shape == (3, NUM_CLASSES, IMAGE, IMAGE)
+    refs = reference_losses(batch, out.predictions)
+    for name, (mean, count) in refs.items():
+        assert out.task_counts[name] == count, name
+        assert float(out.task_losses[name]) == pytest.approx(mean, rel=1e-4), name
+    assert float(out.loss) == pytest.approx(sum(m for m, _ in refs.values()) / 3, rel=1e-4)
+    encoded = model.multimae(**{k: v for k, v in batch.items()})
+    assert encoded.last_hidden_state.shape == (3, 1 + 12, 32)  # global token + the 12 visible patches
+
+
+def test_loss_only_scores_hidden_patches():
+    """The gradient of each task loss w.r.t. its decoder's patch predictions is zero exactly at visible patches."""
+    model = tiny_model()
+    batch = random_batch(batch=2, visible=20)
+    captured = {}
+    for name, decoder in model.decoders.items():
+        decoder.register_forward_hook(lambda module, args, output, name=name: captured.__setitem__(name, output))
+    out = model(**batch)
+    for name in ("rgb", "depth", "semseg"):
+        (grad,) = torch.autograd.grad(out.task_losses[name], captured[name], retain_graph=True)
+        per_patch = grad.abs().sum(-1)
+        hidden = batch[f"mask_{name}"]
+        assert torch.all(per_patch[~hidden] == 0), name
+        assert (per_patch[hidden] > 0).float().mean() > 0.9, name  # a few hidden patches may be all-invalid
+
+
+def test_hidden_inputs_change_targets_not_predictions():
+    model = tiny_model()
+    batch = random_batch(batch=2)
+    out = model(**batch)
+    changed = dict(batch)
+    hidden = pixel_mask(batch["mask_depth"])[:, None]
+    changed["depth"] = torch.where(hidden, batch["depth"] + 1.0, batch["depth"])
+    out2 = model(**changed)
+    for name in ("rgb", "depth", "semseg"):
+        assert torch.equal(out.predictions[name], out2.predictions[name]), name
+    assert torch.equal(out.task_losses["rgb"], out2.task_losses["rgb"])
+    assert float(out2.task_losses["depth"]) != pytest.approx(float(out.task_losses["depth"]))
+    # Changing visible depth pixels changes what the encoder sees, hence every prediction.
+    visible_changed = dict(batch, depth=torch.where(hidden, batch["depth"], batch["depth"] + 1.0))
+    assert not torch.allclose(model(**visible_changed).predictions["semseg"], out.predictions["semseg"])
+
+
+def test_absent_modality_is_an_absent_task():
+    model = tiny_model()
+    batch = random_batch(modalities=("rgb", "semseg"))
+    out = model(**batch)
+    assert set(out.task_losses) == set(out.task_counts) == set(out.predictions) == {"rgb", "semseg"}
+    assert float(out.loss) == pytest.approx((float(out.task_losses["rgb"]) + float(out.task_losses["semseg"])) / 2)
+
+
+@pytest.mark.parametrize("invalid", [0.0, float("nan")])
+def test_depth_without_valid_hidden_pixels_counts_zero_and_stays_finite(invalid):
+    model = tiny_model().train()
+    batch = random_batch()
+    hidden = pixel_mask(batch["mask_depth"])[:, None]
+    batch["depth"] = torch.where(hidden, torch.full_like(batch["depth"], invalid), batch["depth"])
+    out = model(**batch)
+    assert out.task_counts["depth"] == 0 and float(out.task_losses["depth"]) == 0.0
+    assert float(out.loss) == pytest.approx((float(out.task_losses["rgb"]) + float(out.task_losses["semseg"])) / 2)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_fully_visible_modality_has_no_targets():
+    batch = random_batch(visible=NUM_PATCHES + 4)
+    batch["mask_depth"] = torch.zeros_like(batch["mask_depth"])
+    out = tiny_model()(**batch)
+    assert out.task_counts["depth"] == 0 and float(out.task_losses["depth"]) == 0.0
+
+
+def test_unequal_visible_counts_are_padded_without_leaking():
+    """Samples with different visible budgets give the same outputs batched as alone."""
+    model = tiny_model()
+    first, second = random_batch(batch=1, seed=1, visible=10), random_batch(batch=1, seed=2, visible=17)
+    batched = model(**{k: torch.cat([first[k], second[k]]) for k in first})
+    for row, single in enumerate((first, second)):
+        alone = model(**single)
+        for name in ("rgb", "depth", "semseg"):
+            assert torch.allclose(batched.predictions[name][row], alone.predictions[name][0], atol=1e-5), name
+
+
+def test_bad_inputs_are_clear_errors():
+    model = tiny_model()
+    batch = random_batch()
+    with pytest.raises(ValueError, match=r"input 'semseg': class ids \[7\] are outside 0..4"):
+        model(**dict(batch, semseg=batch["semseg"].masked_fill(batch["semseg"] == 0, 7)))
+    with pytest.raises(TypeError, match="unexpected input 'normals'"):
+        model(**batch, normals=batch["rgb"])
+    with pytest.raises(ValueError, match="differ in batch size or image size"):
+        model(**dict(batch, depth=batch["depth"][..., :8]))
+    with pytest.raises(ValueError, match="do not tile into 4x4 patches"):
+        model(rgb=torch.randn(1, 3, 18, 18))
+    with pytest.raises(ValueError, match=r"mask_rgb has shape \(2, 3\)"):
+        model(**dict(batch, mask_rgb=torch.zeros(2, 3, dtype=torch.bool)))
+
+
+def test_non_multimae_checkpoint_is_refused(tmp_path):
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"model_type 'vit', not an MM-MAE checkpoint.*ViTModel"):
+        MultiMAEForPreTraining.from_pretrained(tmp_path)
+
+
+def test_auto_classes_load_the_checkpoint_in_a_fresh_interpreter(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "multimae"
+    batch = random_batch()
+    out = model(**batch)
+    save_file({k: v.contiguous() for k, v in batch.items()}, tmp_path / "batch.safetensors")
+    expected = {name: float(loss) for name, loss in out.task_losses.items()}
+    encoder_features = model.multimae(rgb=batch["rgb"]).last_hidden_state
+    save_file({"features": encoder_features.detach()}, tmp_path / "features.safetensors")
+    script = textwrap.dedent(
+        f"""
+        import json, sys, torch
+        import robust_pretrain
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+        path = {str(tmp_path)!r}
+        assert type(AutoConfig.from_pretrained(path)).__name__ == "MultiMAEConfig"
+        model = AutoModelForPreTraining.from_pretrained(path).eval()
+        out = model(**load_file(path + "/batch.safetensors"))
+        encoder = AutoModel.from_pretrained(path).eval()
+        rgb = load_file(path + "/batch.safetensors")["rgb"]
+        gap = (encoder(rgb=rgb).last_hidden_state - load_file(path + "/features.safetensors")["features"]).abs().max()
+        print(json.dumps({{"classes": [type(model).__name__, type(encoder).__name__], "gap": float(gap),
+                          "losses": {{k: float(v) for k, v in out.task_losses.items()}}}}))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["classes"] == ["MultiMAEForPreTraining", "MultiMAEModel"]
+    assert report["gap"] == 0.0
+    assert report["losses"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_vit_export_round_trip(tmp_path):
+    model = tiny_model(seed=3, image_size=[IMAGE, 2 * IMAGE])
+    with torch.no_grad():  # move the weights away from their initial values, global token included
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    export_vit(model, tmp_path / "vit")
+    vit = ViTModel.from_pretrained(tmp_path / "vit", add_pooling_layer=False).eval()
+    rgb = torch.randn(2, 3, IMAGE, 2 * IMAGE)
+    with torch.no_grad():
+        ours, theirs = model.multimae(rgb=rgb).last_hidden_state, vit(rgb).last_hidden_state
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
+    _, info = ViTForImageClassification.from_pretrained(tmp_path / "vit", num_labels=3, output_loading_info=True)
+    assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]
+    # The command line path: from a saved pre-training checkpoint; it never overwrites a non-ViT checkpoint.
+    model.save_pretrained(tmp_path / "mmmae")
+    export_main([str(tmp_path / "mmmae"), str(tmp_path / "vit2")])
+    assert torch.allclose(ViTModel.from_pretrained(tmp_path / "vit2", add_pooling_layer=False)(rgb).last_hidden_state,
+                          theirs, atol=1e-6, rtol=0)
+    with pytest.raises(FileExistsError, match=r"holds another \(non-ViT\) checkpoint"):
+        export_main([str(tmp_path / "mmmae"), str(tmp_path / "mmmae")])
+    assert json.loads((tmp_path / "mmmae" / "config.json").read_text())["model_type"] == "multimae"
+    with pytest.raises(ValueError, match="class-id map"):
+        export_vit(model, tmp_path / "vit3", modality="semseg")
+
+
+class _Examples(torch.utils.data.Dataset):
+    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["rgb"])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {key: value[index] for key, value in self.batch.items()}
+
+
+def test_minimax_trainer_trains_multimae_and_logs_task_losses(tmp_path):
+    model = tiny_model().train()
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path), task_names=model.config.task_names, weighting="minimax",
+        per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no",
+        report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
+    )
+    trainer = MinimaxTrainer(model=model, args=args, train_dataset=_Examples(random_batch(batch=8)))
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 3
+    for entry in logs:
+        losses = [entry[f"task_loss/{name}"] for name in ("rgb", "depth", "semseg")]
+        weights = [entry[f"task_weight/{name}"] for name in ("rgb", "depth", "semseg")]
+        assert all(v > 0 for v in losses)
+        assert sum(weights) == pytest.approx(1.0, abs=1e-5)
+    # minimax (alpha=1): weights are a softmax of the task losses, so the worst task weighs most.
+    first = logs[0]
+    worst = max(("rgb", "depth", "semseg"), key=lambda name: first[f"task_loss/{name}"])
+    assert first[f"task_weight/{worst}"] == max(first[f"task_weight/{n}"] for n in ("rgb", "depth", "semseg"))
+
+
+def test_encoder_loads_from_pretraining_checkpoint(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    encoder = MultiMAEModel.from_pretrained(tmp_path)
+    for key, value in encoder.state_dict().items():
+        assert torch.equal(value, model.multimae.state_dict()[key]), key
