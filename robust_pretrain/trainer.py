@@ -215,7 +215,11 @@ class MinimaxTrainer(Trainer):
             means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
             self._check_finite(means, observed)
             grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
-            self.step_weights = self.weighting.weights(means, present, observed, grad_norms=grad_norms).detach().cpu()
+            self.step_weights = (
+                self.weighting.weights(means, present, observed, grad_norms=grad_norms, task_counts=step_counts)
+                .detach()
+                .cpu()
+            )
             regularizer = self.weighting.regularizer(present)
         else:
             self._check_finite(sums.detach() / counts.clamp_min(1), counts > 0)

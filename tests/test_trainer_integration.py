@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 from test_trainer import SCRIPT, DictLossModel, GradRecorder, make_args, max_relative_difference, one_step
-from tiny_training import TASKS, as_dataset, evaluate_both_modes, masked_examples, tiny_bert
-from transformers import PretrainedConfig, Trainer
+from tiny_training import TASKS, TaskLossBert, as_dataset, evaluate_both_modes, masked_examples, tiny_bert
+from transformers import PretrainedConfig, Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer
 
@@ -173,3 +173,38 @@ def test_gradnorm_with_a_task_first_seen_after_the_first_micro_batch(tmp_path):
     assert torch.isfinite(targets).all() and targets[0] == targets[1] > 0 and targets[2] == 0
     g = grad[:2].abs()  # |dL_grad/dw_t| = g_t and the signs oppose around the mean
     assert targets[0] == pytest.approx(g.mean().item(), rel=1e-5) and grad[0] * grad[1] < 0 and grad[2] == 0
+
+
+def plain_trainer_grads(tmp_path, examples, **overrides):
+    """First-step gradients of the plain ``Trainer`` on ``BertForMaskedLM`` (mean loss over all targets)."""
+    args = make_args(tmp_path, **overrides)
+    plain_fields = {k: v for k, v in args.to_dict().items() if k in TrainingArguments.__dataclass_fields__}
+    plain_args = TrainingArguments(**plain_fields)
+    dataset = as_dataset({k: v for k, v in examples.items() if k != "task_ids"})
+    trainer = Trainer(model=tiny_bert(), args=plain_args, train_dataset=dataset)
+    recorder = GradRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train()
+    return recorder.grads
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_proportional_gives_the_plain_trainer_gradient_on_bert_for_masked_lm(tmp_path, accumulation):
+    """Reference: the plain Trainer on one batch of 8 (at GA > 1 it would sum BertForMaskedLM's micro-batch means)."""
+    examples = masked_examples(8)
+    plain = plain_trainer_grads(tmp_path / "plain", examples)
+    options = dict(per_device_train_batch_size=8 // accumulation, gradient_accumulation_steps=accumulation)
+    proportional = trained_grads(tmp_path / "p", tiny_bert(), as_dataset(examples), weighting="proportional", **options)
+    assert max_relative_difference(plain, proportional) <= 1e-5
+    average = trained_grads(tmp_path / "a", tiny_bert(), as_dataset(examples), weighting="average", **options)
+    assert max_relative_difference(plain, average) > 1e-2  # the mean of task means is another objective
+
+
+def test_proportional_with_a_model_returning_task_losses_is_the_mean_over_all_targets(tmp_path):
+    examples = masked_examples(4)
+    trainer = MinimaxTrainer(model=TaskLossBert(), args=make_args(tmp_path, weighting="proportional"))
+    batch = {("target_task_ids" if k == "task_ids" else k): v for k, v in examples.items()}
+    loss = one_step(trainer, batch)
+    plain = tiny_bert()(**{k: v for k, v in examples.items() if k != "task_ids"}).loss
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6)

@@ -15,6 +15,14 @@ def weights_of(name: str, losses, present=ALL, **options) -> torch.Tensor:
     return build_weighting(name, len(losses), **options).weights(torch.tensor(losses), present)
 
 
+def step_inputs(strategy) -> dict[str, torch.Tensor]:
+    """The extra per-step inputs a strategy declares it needs (gradient norms, target counts)."""
+    extra = {"grad_norms": torch.rand(strategy.num_tasks)} if strategy.needs_grad_norms else {}
+    if strategy.needs_task_counts:
+        extra["task_counts"] = torch.randint(1, 50, (strategy.num_tasks,)).float()
+    return extra
+
+
 def test_average_is_uniform_over_present_tasks():
     w = weights_of("average", [1.0, 5.0, 2.0], torch.tensor([True, False, True]))
     assert torch.allclose(w, torch.tensor([0.5, 0.0, 0.5]))
@@ -187,7 +195,7 @@ def test_state_round_trips_through_json(name):
     torch.manual_seed(1)
     a, b = build_weighting(name, 4), build_weighting(name, 4)
     present = torch.tensor([True, True, False, True])
-    extra = {"grad_norms": torch.rand(4)} if a.needs_grad_norms else {}
+    extra = step_inputs(a)
     for _ in range(5):
         a.weights(torch.rand(4) * 3, present, **extra)
     b.load_state_dict(json.loads(json.dumps(a.state_dict(), allow_nan=False)))
@@ -199,7 +207,7 @@ def test_state_round_trips_through_json(name):
 def test_no_present_task_gives_zero_weights():
     for name in WEIGHTINGS:
         strategy = build_weighting(name, 2)
-        extra = {"grad_norms": torch.zeros(2)} if strategy.needs_grad_norms else {}
+        extra = step_inputs(strategy)
         w = strategy.weights(torch.full((2,), math.nan), torch.zeros(2, dtype=torch.bool), **extra)
         assert torch.equal(w.detach(), torch.zeros(2)), name
 
@@ -232,3 +240,18 @@ def test_gradnorm_balances_only_the_tasks_with_a_measured_gradient_norm():
     assert torch.equal(strategy.last_target_norms, torch.tensor([2.0, 2.0, 0.0]))
     assert torch.equal(strategy.task_weights.grad, torch.tensor([-1.0, 3.0, 0.0]))
     assert torch.allclose(w, torch.full((3,), 1 / 3))
+
+
+def test_proportional_weights_are_the_task_shares_of_the_step_targets():
+    strategy = build_weighting("proportional", 3)
+    present = torch.tensor([True, False, True])
+    w = strategy.weights(torch.tensor([9.0, 1.0, 1.0]), present, task_counts=torch.tensor([30.0, 0.0, 10.0]))
+    assert torch.equal(w, torch.tensor([0.75, 0.0, 0.25]))  # the losses play no part
+    # sum_t w_t * S_t / N_t = sum_t S_t / N: the mean over all targets
+    sums, counts = torch.tensor([60.0, 0.0, 5.0]), torch.tensor([30.0, 0.0, 10.0])
+    assert (w * sums / counts.clamp_min(1)).sum() == pytest.approx(float(sums.sum() / counts.sum()))
+
+
+def test_proportional_needs_the_task_counts():
+    with pytest.raises(ValueError, match="task_counts"):
+        build_weighting("proportional", 2).weights(torch.ones(2), torch.ones(2, dtype=torch.bool))

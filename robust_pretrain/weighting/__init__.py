@@ -13,9 +13,11 @@ from .group_dro import GroupDROWeighting
 from .hardmax import HardmaxWeighting
 from .minimax import ALPHA_SCHEDULES, MinimaxWeighting
 from .morbit import MorbitWeighting, project_to_simplex
+from .proportional import ProportionalWeighting
 from .uncertainty import UncertaintyWeighting
 
 WEIGHTINGS: dict[str, type[Weighting]] = {
+    "proportional": ProportionalWeighting,
     "average": AverageWeighting,
     "minimax": MinimaxWeighting,
     "hardmax": HardmaxWeighting,
@@ -57,6 +59,7 @@ __all__ = [
     "HardmaxWeighting",
     "MinimaxWeighting",
     "MorbitWeighting",
+    "ProportionalWeighting",
     "UncertaintyWeighting",
     "Weighting",
     "accepted_options",

@@ -34,6 +34,8 @@ class Weighting(ABC):
     loss_driven: bool = True
     #: whether :meth:`weights` needs the per-task gradient norms of a shared module (GradNorm)
     needs_grad_norms: bool = False
+    #: whether :meth:`weights` needs the step's per-task target counts (proportional)
+    needs_task_counts: bool = False
 
     def __init__(
         self,
@@ -71,6 +73,7 @@ class Weighting(ABC):
         present: torch.Tensor,
         observed: torch.Tensor | None = None,
         grad_norms: torch.Tensor | None = None,
+        task_counts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return the weights (shape ``[T]``) for this optimizer step and advance the strategy by one step.
 
@@ -81,6 +84,8 @@ class Weighting(ABC):
                 but not yet observed uses its last estimate (or, never seen, the largest current estimate).
             grad_norms: per-task gradient norms on the shared module, for strategies with ``needs_grad_norms``;
                 NaN for a task whose norm was not measured at this step.
+            task_counts: the step's number of targets of each task (all micro-batches and processes), for
+                strategies with ``needs_task_counts``.
         """
         task_losses = task_losses.detach().float().cpu()
         present = present.detach().bool().cpu()
@@ -96,10 +101,18 @@ class Weighting(ABC):
         if unseen.any():
             known = estimates[~estimates.isnan()]
             estimates[unseen] = known.max() if known.numel() else 0.0
+        if self.needs_task_counts and (task_counts is None or task_counts.shape != (self.num_tasks,)):
+            raise ValueError(
+                f"{type(self).__name__} needs task_counts of shape ({self.num_tasks},), got {task_counts!r}"
+            )
         if not present.any():
             w = torch.zeros(self.num_tasks)
         else:
-            kwargs = {"grad_norms": grad_norms} if self.needs_grad_norms else {}
+            kwargs: dict[str, torch.Tensor | None] = {}
+            if self.needs_grad_norms:
+                kwargs["grad_norms"] = grad_norms
+            if self.needs_task_counts:
+                kwargs["task_counts"] = task_counts.detach().float().cpu()
             w = self._weights(self._normalize(estimates), present, **kwargs)
         self.step += 1
         return w
