@@ -255,3 +255,20 @@ def test_proportional_weights_are_the_task_shares_of_the_step_targets():
 def test_proportional_needs_the_task_counts():
     with pytest.raises(ValueError, match="task_counts"):
         build_weighting("proportional", 2).weights(torch.ones(2), torch.ones(2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTINGS))
+def test_what_the_weights_sum_to_as_documented(name):
+    strategy = build_weighting(name, 4)
+    present = torch.tensor([True, True, False, True])
+    extra = step_inputs(strategy)
+    for _ in range(3):
+        w = strategy.weights(torch.rand(4) * 3, present, **extra)
+    assert w[2] == 0
+    if name == "uncertainty":  # 0.5 * exp(-s_t) over the present tasks: 3/2 with s = 0
+        assert w.sum().item() == pytest.approx(1.5)
+    elif name == "gradnorm":  # w_t / T with w summing to T over all tasks
+        assert w.sum().item() == pytest.approx(float(strategy.task_weights.detach()[present].sum() / 4))
+        assert w.sum().item() == pytest.approx(0.75)
+    else:
+        assert w.sum().item() == pytest.approx(1.0)

@@ -1,4 +1,8 @@
-"""Uniform average of the task losses — the paper's eq. (4) baseline: ``w_t = 1 / |P|`` over the present tasks P."""
+"""Uniform average of the task losses — the paper's eq. (4) baseline: ``w_t = 1 / |P|`` over the present tasks P.
+
+The weights sum to 1 over P; the objective is the mean of the per-task means, not the per-token mean of standard
+masked-LM training (that is :class:`~robust_pretrain.weighting.proportional.ProportionalWeighting`).
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,15 @@
 """Common base of the task-weighting strategies.
 
 A strategy turns per-task loss estimates into one weight per task, once per optimizer step. The trainer then
-minimises ``sum_t w_t * L_t``. Weights of loss-driven strategies are constants (no gradient flows through them);
-strategies with learnable parameters (uncertainty, GradNorm) expose them through :meth:`Weighting.parameters` so the
-trainer's optimizer trains them and checkpoints their optimizer state.
+minimises ``sum_t w_t * L_t``. Absent tasks always get weight 0. Over the present tasks P the weights of
+``proportional``, ``average``, ``minimax``, ``hardmax``, ``group_dro``, ``morbit`` and ``dwa`` sum to 1; those of
+``uncertainty`` (``0.5 * exp(-s_t)``) and ``gradnorm`` (``w_t / T``, 1 only with every task present) do not.
+
+Weights of loss-driven strategies are constants (no gradient flows through them); strategies with learnable
+parameters (uncertainty, GradNorm) expose them through :meth:`Weighting.parameters` so the trainer's optimizer trains
+them and checkpoints their optimizer state. A strategy that needs more than the losses says so with a class flag:
+``needs_grad_norms`` (per-task gradient norms on a shared module) or ``needs_task_counts`` (the step's per-task target
+counts); :meth:`Weighting.weights` then requires that argument.
 """
 
 from __future__ import annotations

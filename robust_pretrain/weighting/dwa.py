@@ -3,7 +3,8 @@
 ``w_t = T * exp(r_t / tau) / sum_s exp(r_s / tau)``, ``r_t = Lbar_t(n-1) / Lbar_t(n-2)``, where ``Lbar_t(n)`` is task
 t's mean loss over window n. The paper's windows are epochs; pre-training has few epochs, so windows here are
 ``dwa_window`` optimizer steps. The first two windows use uniform weights; a task not seen in both previous windows has
-``r_t = 1``. Weights are returned divided by T (they sum to 1 over the present tasks like every other strategy).
+``r_t = 1``. The weights are returned without the paper's factor T: they sum to 1 over the present tasks (the
+paper's sum to T).
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ gradient of ``L_t`` w.r.t. the parameters of a shared module W (default: the las
 ``G_t = w_t * g_t``, ``Gbar = mean_t G_t``, the relative inverse training rate ``r_t = Ltilde_t / mean(Ltilde)`` with
 ``Ltilde_t = L_t / L_t(0)``, and the constant targets ``G_t* = Gbar * r_t ** alpha``, the weights follow the gradient of
 ``L_grad = sum_t |G_t - G_t*|``: ``dL_grad/dw_t = sign(G_t - G_t*) * g_t``. The trainer's optimizer applies that
-gradient. The task losses are weighted by ``w / T`` so the weights sum to 1 like every other strategy.
+gradient. Only tasks whose ``g_t`` was measured at the step (present in its first micro-batch) enter ``Gbar``, ``r_t``
+and the gradient; another present task keeps its ``w_t``.
+
+The task losses are weighted by ``w_t / T``, and ``w`` is renormalised to sum to T over all T tasks before each step,
+so the weights sum to ``sum_{t in P} w_t / T``: 1 when every task is present, less when some are absent.
 """
 
 from __future__ import annotations

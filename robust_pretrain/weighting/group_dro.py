@@ -5,7 +5,7 @@ weights of Xie et al., *DoReMi* (NeurIPS 2023):
 
 ``log q_t <- log q_t + eta * L_t`` for present tasks, ``q = softmax(log q)`` over the present tasks, and the returned
 weights ``w = (1 - eps) * q + eps / |P|`` (DoReMi's smoothing). Unlike Algorithm 1's softmax of the current losses,
-q accumulates the whole loss history.
+q accumulates the whole loss history. The weights sum to 1 over the present tasks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Hard maximum — the subgradient of ``max_t L_t``: all weight on the worst present task, ties split evenly.
 
-This is the alpha -> infinity limit of :class:`~robust_pretrain.weighting.minimax.MinimaxWeighting`.
+This is the alpha -> infinity limit of :class:`~robust_pretrain.weighting.minimax.MinimaxWeighting`. The weights sum
+to 1 over the present tasks.
 """
 
 from __future__ import annotations

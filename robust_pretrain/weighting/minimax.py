@@ -5,6 +5,7 @@ Adaptation*.
 estimates. Stepping along ``sum_t w_t grad L_t`` is gradient descent on the smooth maximum
 ``(1 / alpha) * logsumexp(alpha * L)``, which tends to ``max_t L_t`` as alpha grows. ``alpha_schedule='sqrt'`` uses
 ``alpha_k = alpha_0 * sqrt(k + 1)`` (k = optimizer step), the schedule behind the O(1/sqrt(K)) guarantee of Thm 3.1.
+The weights sum to 1 over the present tasks.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Gu et al., *Min-Max Multi-objective Bilevel Optimization with Applications in Robust Machine Learning* (ICLR 2023):
 ``lambda <- proj_simplex(lambda + gamma * L)``, with the exact Euclidean projection onto the probability simplex
-(the sort-based algorithm of Held et al. 1974 / Duchi et al. 2008). Absent tasks keep their lambda and get no weight.
+(the sort-based algorithm of Held et al. 1974 / Duchi et al. 2008), applied to the present tasks' entries: their
+weights sum to 1. Absent tasks keep their lambda and get no weight.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ With a learnable log-variance ``s_t = log sigma_t^2`` per task the objective is
 ``sum_t 0.5 * exp(-s_t) * L_t + 0.5 * s_t`` (eq. 7's homoscedastic form). The weights ``0.5 * exp(-s_t)`` carry
 gradient to ``s``; the ``0.5 * s_t`` term is :meth:`UncertaintyWeighting.regularizer`. The optimum for fixed losses is
 ``s_t = log L_t``. The trainer's optimizer trains ``s`` (no weight decay) and checkpoints its state.
+
+The weights are not normalised: they sum to ``0.5 * sum_{t in P} exp(-s_t)`` over the present tasks P (``|P| / 2`` at
+the start, since ``s = 0``), and each tends to ``1 / (2 L_t)``.
 """
 
 from __future__ import annotations
