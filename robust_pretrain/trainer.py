@@ -9,9 +9,14 @@ micro-batch of the step and every process):
 * each micro-batch contributes ``sum_t w_t * S_t / N_t``, so the accumulated gradient equals the gradient of
   ``sum_t w_t * mean_t`` over the union of the step's batches, whatever the number of processes or micro-batches.
 
-Only ``get_batch_samples`` (global per-task counts), ``compute_loss``, ``evaluation_loop`` (per-task eval losses),
-``log``, ``create_optimizer`` (learnable weights), ``save_model`` and ``train`` (weighting state in checkpoints) are
-overridden; ``training_step`` is the Trainer's own.
+Only ``get_batch_samples`` (global per-task counts), ``compute_loss``, ``evaluation_loop`` (per-task eval losses,
+full-size logits when predictions are collected), ``log``, ``create_optimizer`` (learnable weights), ``save_model`` and
+``train`` (weighting state in checkpoints) are overridden; ``training_step`` is the Trainer's own, told through
+``loss_is_scaled_for_ga`` (transformers >= 5.19) not to divide by the accumulation steps again.
+
+Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``
+is refused (return ``task_losses`` from the model instead). In distributed evaluation the repeats the sampler adds to
+complete the last batch are left out of the per-task eval losses, which therefore equal the 1-process values.
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ class MinimaxTrainer(Trainer):
 
     Batches carry ``labels`` and ``task_ids`` (token-level, same shape as ``labels``, or one id per example; ``-100``
     or any negative id marks a non-target). Alternatively the model returns ``task_losses`` (a dict task name ->
-    mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are averaged
-    over processes and micro-batches. Pass ``weighting=`` to use a strategy instance instead of the one the
-    arguments describe.
+    mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are pooled over
+    processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
+    micro-batch (with accumulation, a task missing from it gets no weight in that step). Pass ``weighting=`` to use a
+    strategy instance instead of the one the arguments describe.
     """
 
     # compute_loss normalises by the whole step's global per-task counts: the Trainer must not divide again.
