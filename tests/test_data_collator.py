@@ -227,3 +227,54 @@ def test_per_example_coverage_is_a_maximum_matching_not_all_tasks(tokenizer):
             hall_batches += 1
             assert covered == set(np.flatnonzero(present.any(axis=0)).tolist())
     assert 10 <= hall_batches <= 50  # both cases occur
+
+
+def _epoch_masks(loader, collator, epochs: list[int]) -> list[torch.Tensor]:
+    """All labels of each epoch, batches in loader order, after ``collator.set_epoch``."""
+    masks = []
+    for epoch in epochs:
+        collator.set_epoch(epoch)
+        masks.append(torch.cat([batch["labels"] for batch in loader]))
+    return masks
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_masks_differ_per_epoch_and_reproduce_in_dataloader_workers(tokenizer, features, persistent):
+    chunk = features[:96]
+    collator = TaskGroupedMLMCollator(tokenizer, seed=3)
+    loader = torch.utils.data.DataLoader(chunk, batch_size=16, collate_fn=collator, num_workers=2,
+                                         persistent_workers=persistent)
+    first, second, first_again = _epoch_masks(loader, collator, [0, 1, 0])
+    assert not torch.equal(first, second), "epoch 1 repeated epoch 0's masks"
+    assert torch.equal(first, first_again)
+    # the same masks in the main process and with another number of workers: they depend on (seed, epoch, batch)
+    in_process = torch.utils.data.DataLoader(chunk, batch_size=16, collate_fn=collator, num_workers=0)
+    assert [torch.equal(a, b) for a, b in zip(_epoch_masks(in_process, collator, [0, 1]), [first, second],
+                                              strict=True)] == [True, True]
+
+
+def test_resumed_epoch_draws_the_masks_of_an_uninterrupted_one(tokenizer, features):
+    """Skipping batches without collating them (as a resumed Trainer does) leaves the later batches' masks alone."""
+    batches = [features[start:start + 8] for start in range(0, 64, 8)]
+    for mode in ("per_token", "per_example"):
+        uninterrupted = TaskGroupedMLMCollator(tokenizer, mode=mode, seed=5)
+        uninterrupted.set_epoch(2)
+        expected = [uninterrupted(batch) for batch in batches]
+        resumed = TaskGroupedMLMCollator(tokenizer, mode=mode, seed=5)
+        resumed.set_epoch(2)
+        for batch, reference in zip(batches[3:], expected[3:], strict=True):
+            assert all(torch.equal(resumed(batch)[k], reference[k]) for k in reference)
+
+
+def test_epoch_callback_sets_the_trainers_epoch(tokenizer):
+    from transformers import TrainerControl, TrainerState
+
+    from robust_pretrain.data import CollatorEpochCallback
+
+    collator = TaskGroupedMLMCollator(tokenizer, seed=0)
+    callback = CollatorEpochCallback(collator)
+    for epoch, expected in ((None, 0), (0.0, 0), (2.0, 2), (1.75, 1)):  # 1.75: resumed three quarters into epoch 1
+        callback.on_epoch_begin(None, TrainerState(epoch=epoch), TrainerControl())
+        assert collator.epoch == expected
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        collator.set_epoch(-1)

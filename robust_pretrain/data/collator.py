@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
 
@@ -40,9 +43,12 @@ class TaskGroupedMLMCollator:
     Output: ``input_ids``, ``attention_mask``, ``labels`` (original id at targets, -100 elsewhere) and ``task_ids``
     (task id at targets, -100 elsewhere), all ``LongTensor`` of shape ``(batch, length)``.
 
-    Randomness comes from a private ``torch.Generator`` seeded with ``seed`` (``None``: seeded from the OS). Inside a
-    ``DataLoader`` worker the generator is reseeded once from ``(seed, worker id)`` so workers draw different but
-    reproducible masks for a given ``num_workers``; with ``seed=None`` it uses the worker seed PyTorch assigns.
+    Randomness: each batch draws from a generator seeded with ``(seed, epoch, digest of the batch's tokens)``, so a
+    batch's masks do not depend on how many batches were collated before, in which process or ``DataLoader`` worker,
+    or with how many workers: a run resumed mid-epoch (whose skipped batches are never collated) draws the masks of
+    an uninterrupted run. :meth:`set_epoch` (called by :class:`CollatorEpochCallback` at each Trainer epoch) gives
+    every epoch new masks, also in persistent workers; two batches with identical tokens in the same epoch get the
+    same masks. ``seed=None`` takes a seed from the OS.
     """
 
     tokenizer: Any
@@ -54,8 +60,8 @@ class TaskGroupedMLMCollator:
     random_replace_prob: float = 0.1
     pad_to_multiple_of: int | None = None
     seed: int | None = None
-    generator: torch.Generator = field(init=False, repr=False)
-    _worker_id: int | None = field(default=None, init=False, repr=False)
+    _base_seed: int = field(init=False, repr=False)
+    _epoch: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         spec_tasks = TaskSpec.resolve(self.spec).num_tasks
@@ -76,21 +82,27 @@ class TaskGroupedMLMCollator:
             raise ValueError("the tokenizer has no mask token, which masked language modelling needs")
         if self.tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before collating")
-        self.generator = torch.Generator()
-        if self.seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(self.seed)
+        self._base_seed = np.random.SeedSequence(self.seed).entropy
+        self._epoch = torch.zeros((), dtype=torch.long).share_memory_()  # shared with persistent DataLoader workers
 
-    def _reseed_in_worker(self) -> None:
-        worker = torch.utils.data.get_worker_info()
-        if worker is None or worker.id == self._worker_id:
-            return
-        self._worker_id = worker.id
-        if self.seed is None:
-            self.generator.manual_seed(worker.seed)
-        else:
-            self.generator.manual_seed(int(np.random.SeedSequence([self.seed, worker.id]).generate_state(1)[0]))
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the masks of ``epoch`` from now on (also in existing ``DataLoader`` workers)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._epoch.fill_(epoch)
+
+    def _batch_generator(self, *tensors: torch.Tensor) -> torch.Generator:
+        """A generator seeded from ``(seed, epoch, digest of tensors)``."""
+        digest = hashlib.blake2b(digest_size=16)
+        for tensor in tensors:
+            digest.update(str(tuple(tensor.shape)).encode())
+            digest.update(tensor.numpy().tobytes())
+        sequence = np.random.SeedSequence([self._base_seed, self.epoch, int.from_bytes(digest.digest(), "little")])
+        return torch.Generator().manual_seed(int(sequence.generate_state(1, dtype=np.uint64)[0]))
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
@@ -98,19 +110,19 @@ class TaskGroupedMLMCollator:
         missing = [c for c in _INPUT_COLUMNS if c not in features[0]]
         if missing:
             raise ValueError(f"features lack {missing}; produce them with robust_pretrain.data.tokenize_and_tag")
-        self._reseed_in_worker()
         input_ids, attention_mask, special, word_ids, token_tasks = self._pad(features)
         self._check_task_ids(token_tasks)
+        generator = self._batch_generator(input_ids, attention_mask, word_ids, token_tasks)
         if self.mode == "per_token":
-            targets = self._per_token_targets(word_ids, token_tasks)
+            targets = self._per_token_targets(word_ids, token_tasks, generator)
         else:
-            targets = self._per_example_targets(word_ids, token_tasks, attention_mask.bool() & ~special)
+            targets = self._per_example_targets(word_ids, token_tasks, attention_mask.bool() & ~special, generator)
         labels = torch.where(targets, input_ids, IGNORE_INDEX)
         task_ids = torch.where(targets, token_tasks, IGNORE_INDEX)
-        draw = torch.rand(input_ids.shape, generator=self.generator)
+        draw = torch.rand(input_ids.shape, generator=generator)
         to_mask = targets & (draw < self.mask_replace_prob)
         to_random = targets & ~to_mask & (draw < self.mask_replace_prob + self.random_replace_prob)
-        random_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=self.generator)
+        random_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=generator)
         input_ids = torch.where(to_mask, self.tokenizer.mask_token_id, input_ids)
         input_ids = torch.where(to_random, random_ids, input_ids)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "task_ids": task_ids}
@@ -167,22 +179,24 @@ class TaskGroupedMLMCollator:
         table.scatter_(1, columns, values)
         return table, columns
 
-    def _per_token_targets(self, word_ids: torch.Tensor, token_tasks: torch.Tensor) -> torch.Tensor:
+    def _per_token_targets(
+        self, word_ids: torch.Tensor, token_tasks: torch.Tensor, generator: torch.Generator
+    ) -> torch.Tensor:
         word_tasks, columns = self._word_table(word_ids, token_tasks, -1)
-        chosen = (torch.rand(word_tasks.shape, generator=self.generator) < self.mlm_probability) & (word_tasks >= 0)
+        chosen = (torch.rand(word_tasks.shape, generator=generator) < self.mlm_probability) & (word_tasks >= 0)
         chosen[:, -1] = False
         return chosen.gather(1, columns)
 
     def _per_example_targets(
-        self, word_ids: torch.Tensor, token_tasks: torch.Tensor, maskable: torch.Tensor
+        self, word_ids: torch.Tensor, token_tasks: torch.Tensor, maskable: torch.Tensor, generator: torch.Generator
     ) -> torch.Tensor:
         word_tasks, columns = self._word_table(word_ids, token_tasks, -1)
         word_tasks[:, -1] = -1
-        assigned = self.assign_tasks(word_tasks)
+        assigned = self.assign_tasks(word_tasks, generator)
         eligible = (word_tasks == assigned[:, None]) & (assigned[:, None] >= 0)
         word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long)
         word_lengths.scatter_add_(1, columns, torch.ones_like(columns))
-        priority = torch.where(eligible, torch.rand(word_tasks.shape, generator=self.generator), 2.0)
+        priority = torch.where(eligible, torch.rand(word_tasks.shape, generator=generator), 2.0)
         order = priority.argsort(dim=1)  # eligible words first, in random order
         sorted_eligible = eligible.gather(1, order)
         sorted_lengths = word_lengths.gather(1, order)
@@ -197,14 +211,14 @@ class TaskGroupedMLMCollator:
         chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted)
         return chosen.gather(1, columns)
 
-    def assign_tasks(self, word_tasks: torch.Tensor) -> torch.Tensor:
+    def assign_tasks(self, word_tasks: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """One task per sequence (-1 if it has no task word), balanced over the batch as described above."""
         batch_size = word_tasks.shape[0]
         present = torch.zeros(batch_size, self.num_tasks + 1, dtype=torch.bool)
         present.scatter_(1, torch.where(word_tasks >= 0, word_tasks, self.num_tasks), True)
         present = present[:, : self.num_tasks]
-        sequence_order = torch.randperm(batch_size, generator=self.generator).tolist()
-        tie_break = torch.randperm(self.num_tasks, generator=self.generator).tolist()
+        sequence_order = torch.randperm(batch_size, generator=generator).tolist()
+        tie_break = torch.randperm(self.num_tasks, generator=generator).tolist()
         frequency = present.sum(dim=0).tolist()
         tasks_of = [[t for t in range(self.num_tasks) if row[t]] for row in present.tolist()]
         sequences_of = [[s for s in sequence_order if present[s, t]] for t in range(self.num_tasks)]
@@ -236,3 +250,18 @@ class TaskGroupedMLMCollator:
                 coverage[task] += 1
                 assigned[sequence] = task
         return torch.tensor(assigned, dtype=torch.long)
+
+
+class CollatorEpochCallback(TrainerCallback):
+    """Tells a :class:`TaskGroupedMLMCollator` the Trainer's epoch before each epoch's batches are drawn.
+
+    ``Trainer(..., data_collator=collator, callbacks=[CollatorEpochCallback(collator)])``. The Trainer calls
+    ``on_epoch_begin`` before it creates the epoch's ``DataLoader`` iterator (and its workers); ``state.epoch`` is
+    then the epoch number, or, when a run resumes mid-epoch, that epoch plus the fraction already trained.
+    """
+
+    def __init__(self, collator: TaskGroupedMLMCollator) -> None:
+        self.collator = collator
+
+    def on_epoch_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.collator.set_epoch(math.floor(state.epoch or 0))

