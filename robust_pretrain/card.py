@@ -1,4 +1,4 @@
-"""Model card of a pre-training run, rendered from ``model_cards/template.md`` with ``huggingface_hub.ModelCard``.
+"""Model card of a pre-training run, rendered from ``model_cards/template.md`` (package data) with ``huggingface_hub``.
 
 One template serves every task family; what differs between families (PoS groups of masked words for text, image
 modalities for vision) is data, a :class:`TaskFamily`. Everything a card states comes from the run (its task report
@@ -30,7 +30,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 if TYPE_CHECKING:
     from transformers import Trainer
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
+TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "template.md"  # package data: installed with the package
 CARD_CONTENT_NAME = "model_card.json"
 EWT_DATA = (
     "Raw text of the [Universal Dependencies English Web Treebank](https://universaldependencies.org/treebanks/"

@@ -7,12 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from huggingface_hub import ModelCard
 from test_recipe_pretrain import _one_thread, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
 
+import robust_pretrain
 from robust_pretrain.card import (
     EWT_TRAINING_DATA,
+    TEMPLATE,
     ModelCardContent,
     card_text_for_repo,
     local_files,
@@ -141,6 +144,14 @@ def test_vision_card_from_the_same_template(tmp_path: Path) -> None:
         "worst task reconstruction loss",
     }
     assert card.data.eval_results[0].dataset_type == "image"
+
+
+def test_template_is_package_data() -> None:
+    """The template ships in the wheel (pyproject's package-data), so installed console scripts can render cards."""
+    package = Path(robust_pretrain.__file__).parent
+    pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["robust_pretrain"]
+    assert TEMPLATE.is_file() and any(TEMPLATE in set(package.glob(pattern)) for pattern in patterns)
 
 
 def test_modality_without_loss_is_refused() -> None:
