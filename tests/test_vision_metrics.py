@@ -103,6 +103,11 @@ def test_semseg_rejects_bad_input(prediction, reference, message: str) -> None:
         load_vision_metric("semseg").compute(predictions=[prediction], references=[reference], num_labels=3)
 
 
+def test_semseg_requires_num_labels() -> None:
+    with pytest.raises(ValueError, match="pass num_labels="):
+        load_vision_metric("semseg").compute(predictions=[[[0]]], references=[[[0]]])
+
+
 def _depth_reference(predictions, references, min_depth: float, max_depth: float | None, crop) -> dict[str, float]:
     """NYUv2 protocol written pixel by pixel: errors per image over valid pixels, then the mean over images."""
     per_image = []

@@ -47,9 +47,9 @@ class SemsegMetric(evaluate.Metric):
             features=datasets.Features({"predictions": _LABEL_MAP, "references": _LABEL_MAP}),
         )
 
-    def _compute(self, predictions, references, num_labels: int, ignore_index: int = 255) -> dict:
-        if num_labels < 1:
-            raise ValueError(f"semseg metric: num_labels must be at least 1, got {num_labels}")
+    def _compute(self, predictions, references, num_labels: int | None = None, ignore_index: int = 255) -> dict:
+        if num_labels is None or num_labels < 1:
+            raise ValueError(f"semseg metric: pass num_labels=<number of classes, at least 1>, got {num_labels}")
         confusion = np.zeros((num_labels, num_labels), dtype=np.int64)  # rows: reference, columns: prediction
         for index, (prediction, reference) in enumerate(zip(predictions, references, strict=True)):
             prediction = _label_map(prediction, index, "prediction")
