@@ -4,4 +4,4 @@ robust_pretrain.pretraining.compare."""
 from robust_pretrain.pretraining.compare import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

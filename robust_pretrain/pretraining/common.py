@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import datasets
 import transformers
+from transformers import TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
-from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, plot_task_trajectories, write_task_report
+from robust_pretrain.reporting import (
+    TASK_REPORT_NAME,
+    TRAJECTORY_PLOT_NAME,
+    plot_task_trajectories,
+    write_task_report,
+)
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.weighting import WEIGHTINGS, accepted_options
 
 logger = logging.getLogger(__name__)
 
@@ -56,38 +67,123 @@ def last_complete_checkpoint(output_dir: Path) -> str | None:
     return None
 
 
-def check_output_dir(
-    output_dir: str | Path, current: dict[str, Any], resume_keys: tuple[str, ...], overwrite: bool
-) -> str | None:
-    """The checkpoint to resume from, or None; refuses checkpoints of a different run before anything trains."""
+# TrainingArguments fields that change what a run computes (MinimaxTrainingArguments' own fields are added).
+TRAINING_SETTINGS = (
+    "seed",
+    "data_seed",
+    "full_determinism",
+    "learning_rate",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "optim",
+    "optim_args",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "fp16",
+    "bf16",
+    "tf32",
+    "label_smoothing_factor",
+    "dataloader_drop_last",
+    "torch_compile",
+    "use_cpu",
+)
+# Files a finished or interrupted run leaves in output_dir.
+RUN_OUTPUTS = ("config.json", "model.safetensors", "adapter_config.json", TASK_REPORT_NAME, "trainer_state.json")
+
+
+def training_settings(training_args: MinimaxTrainingArguments) -> dict[str, Any]:
+    """Every training setting that changes the result: optimiser, schedule, budget, batch, precision, processes,
+    seed, tasks, strategy and the strategy's own options."""
+    values = training_args.to_dict()
+    settings = {name: values[name] for name in TRAINING_SETTINGS if name in values}
+    skip = {f.name for f in fields(TrainingArguments)}.union(*(accepted_options(name) for name in WEIGHTINGS))
+    for own in fields(MinimaxTrainingArguments):
+        if own.name not in skip:
+            settings[own.name] = values[own.name]
+    settings.update(training_args.weighting_options(), processes=training_args.world_size)
+    return settings
+
+
+def file_fingerprint(path: str | Path | None) -> str | None:
+    """SHA-256 of a local file (the data a run used, not just its name); None for no file or a directory."""
+    if path is None or not Path(path).is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    keys = [k for k in {**previous, **current} if k != "max_steps" and previous.get(k) != current.get(k)]
+    return [f"--{k} {previous.get(k)!r} -> {current.get(k)!r}" for k in keys]
+
+
+def check_output_dir(output_dir: str | Path, current: dict[str, Any], overwrite: bool) -> str | None:
+    """The checkpoint to resume from, or None (a fresh run). Refuses, before anything trains, an output_dir that holds
+    another run: one whose saved settings (``run_config.json``) differ from ``current`` (each difference is named), a
+    smaller ``max_steps``, a run that is already complete, or checkpoints and models this recipe did not write.
+    A larger ``max_steps`` extends the run from its last checkpoint."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir() or overwrite:
         return None
     last = get_last_checkpoint(str(output_dir))
-    if last is None:
-        return None
     saved = output_dir / RUN_CONFIG_NAME
     if not saved.is_file():
-        raise ValueError(
-            f"{output_dir} holds checkpoints ({Path(last).name}) of a run this recipe did not start; "
-            "choose another --output_dir or pass --overwrite_output_dir true"
-        )
+        found = [name for name in RUN_OUTPUTS if (output_dir / name).exists()] + ([Path(last).name] if last else [])
+        if found:
+            raise UsageError(
+                f"--output_dir {output_dir} holds {', '.join(found)} of a run this recipe did not start; choose "
+                "another --output_dir or pass --overwrite_output_dir true (which deletes its checkpoints)"
+            )
+        return None
     previous = json.loads(saved.read_text())
-    differing = [k for k in resume_keys if previous.get(k) != current.get(k)]
-    if differing:
-        details = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
-        raise ValueError(
-            f"{output_dir} holds checkpoints of another run ({details}); choose another --output_dir "
-            "or pass --overwrite_output_dir true"
+    differences = _differences(previous, current)
+    old_steps, new_steps = previous.get("max_steps"), current.get("max_steps")
+    if old_steps != new_steps and not (isinstance(old_steps, int) and isinstance(new_steps, int) and old_steps > 0):
+        differences.append(f"--max_steps {old_steps!r} -> {new_steps!r}")
+    if differences:
+        raise UsageError(
+            f"--output_dir {output_dir} holds a run with other settings ({'; '.join(differences)}); resuming it would "
+            "mix two runs. Choose another --output_dir, or pass --overwrite_output_dir true to start afresh there."
         )
-    return last_complete_checkpoint(output_dir)
+    checkpoint = last_complete_checkpoint(output_dir)
+    done = int(Path(checkpoint).name.split("-")[1]) if checkpoint else 0
+    if new_steps > 0 and new_steps < old_steps:
+        raise UsageError(
+            f"--max_steps {new_steps} is smaller than the {old_steps} steps of the run in --output_dir {output_dir}; "
+            "a run can be extended, not shortened. Choose another --output_dir or pass --overwrite_output_dir true."
+        )
+    if new_steps > old_steps:
+        logger.warning(
+            "Extending the run in %s from max_steps %d to %d (resuming at step %d; the learning-rate schedule now "
+            "ends at step %d)",
+            output_dir,
+            old_steps,
+            new_steps,
+            done,
+            new_steps,
+        )
+    elif checkpoint is not None and (output_dir / TASK_REPORT_NAME).is_file() and done >= new_steps > 0:
+        raise UsageError(
+            f"the run in --output_dir {output_dir} is complete ({done} steps): nothing to train. Pass a larger "
+            "--max_steps to extend it, another --output_dir, or --overwrite_output_dir true to start afresh."
+        )
+    return checkpoint
 
 
-def prepare_output_dir(
-    training_args: MinimaxTrainingArguments, current: dict[str, Any], resume_keys: tuple[str, ...], overwrite: bool
-) -> str | None:
+def prepare_output_dir(training_args: MinimaxTrainingArguments, current: dict[str, Any], overwrite: bool) -> str | None:
     """Check ``output_dir`` against this run, delete old checkpoints if ``overwrite``; the checkpoint to resume from."""
-    last_checkpoint = check_output_dir(training_args.output_dir, current, resume_keys, overwrite)
+    last_checkpoint = check_output_dir(training_args.output_dir, current, overwrite)
     resume_checkpoint = training_args.resume_from_checkpoint or last_checkpoint
     if resume_checkpoint is not None:
         logger.info("Resuming from checkpoint %s (pass --overwrite_output_dir true to start afresh)", resume_checkpoint)
@@ -97,17 +193,65 @@ def prepare_output_dir(
     return resume_checkpoint
 
 
+def validate_training_args(training_args: MinimaxTrainingArguments) -> None:
+    """Refuse step budgets the Trainer would misread (0 performs one step, a negative one trains 3 epochs)."""
+    if training_args.max_steps == 0 or training_args.max_steps < -1:
+        raise UsageError(
+            f"--max_steps must be a positive number of optimizer steps (or -1 to train --num_train_epochs), "
+            f"got {training_args.max_steps}"
+        )
+    if training_args.max_steps == -1 and training_args.num_train_epochs <= 0:
+        raise UsageError(f"--num_train_epochs must be positive, got {training_args.num_train_epochs}")
+
+
 def write_run_config(training_args: MinimaxTrainingArguments, config: dict[str, Any]) -> None:
     if training_args.should_save:
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(training_args.output_dir) / RUN_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
 
+def summarise_log(logs: dict[str, Any], max_steps: int) -> str:
+    """One console line for a Trainer log: loss, learning rate, grad norm and the worst task (its loss and weight);
+    the per-task values themselves go to ``trainer_state.json`` and the configured loggers (``--report_to``)."""
+    task_losses = {k.split("/", 1)[1]: v for k, v in logs.items() if k.startswith("task_loss/")}
+    parts = [f"step {logs['step']}/{max_steps}"] if "step" in logs else []
+    formats = {"loss": "loss {:.4f}", "learning_rate": "lr {:.2e}", "grad_norm": "grad norm {:.3f}"}
+    parts += [fmt.format(logs[key]) for key, fmt in formats.items() if isinstance(logs.get(key), (int, float))]
+    if task_losses:
+        worst = max(task_losses, key=task_losses.get)
+        weight = logs.get(f"task_weight/{worst}")
+        parts.append(f"worst task {worst} {task_losses[worst]:.4f}" + (f" (weight {weight:.3f})" if weight else ""))
+    if "eval_mean_task_loss" in logs:
+        parts.append(f"eval mean task loss {logs['eval_mean_task_loss']:.4f}")
+        parts.append(f"worst {logs.get('eval_worst_task_loss', float('nan')):.4f}")
+    if not parts:  # e.g. the end-of-training summary: its scalar entries
+        parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in logs.items() if "/" not in k]
+    return " | ".join(parts)
+
+
+class CompactProgressCallback(ProgressCallback):
+    """The Trainer's progress bar, writing one :func:`summarise_log` line per log instead of the whole dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.write(summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps))
+
+
+class CompactPrinterCallback(PrinterCallback):
+    """The Trainer's printer (``--disable_tqdm true``), one :func:`summarise_log` line per log."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_local_process_zero:
+            print(summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps), flush=True)
+
+
 def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> MinimaxTrainer:
-    """A ``MinimaxTrainer``; a Hub failure while it creates the repo (push_to_hub) says that nothing was trained."""
+    """A ``MinimaxTrainer`` printing compact log lines; a Hub failure while it creates the repo (push_to_hub) says that
+    nothing was trained."""
     try:
         with explain_hub_errors(training_args.output_dir, training_args.hub_model_id):
-            return MinimaxTrainer(args=training_args, **kwargs)
+            trainer = MinimaxTrainer(args=training_args, **kwargs)
+
     except HubPublishError as err:  # its retry hint (publish the saved model) does not apply: nothing is saved yet
         raise HubPublishError(
             f"{str(err).splitlines()[0]}\nThis happened before training started: nothing was trained. Fix the Hub "
@@ -117,6 +261,10 @@ def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> Mi
             output_dir=err.output_dir,
             repo_id=err.repo_id,
         ) from err
+    for verbose, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
+        if trainer.pop_callback(verbose) is not None:
+            trainer.add_callback(compact)
+    return trainer
 
 
 def train_and_evaluate(trainer: MinimaxTrainer, resume_checkpoint: str | None) -> dict[str, float]:

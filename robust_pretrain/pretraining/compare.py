@@ -5,10 +5,11 @@
 
 Each run is the pre-training recipe (``python -m robust_pretrain.pretraining.pos_mlm``) in its own process (prefix it
 with ``--launcher "accelerate launch --num_processes 2 ..."`` for several processes), written to
-``<output_dir>/<run>/seed-<seed>``; finished runs (with a ``task_report.json``) are not recomputed. Options after
-``--`` go to every run. Writes ``comparison.json``, ``comparison.md``, ``comparison_tasks.png`` (per-task loss, mean
-and worst case, with the spread across seeds) and, with ``--sweep``, ``frontier.png`` (worst-case against mean loss
-for every run: the trade-off frontier).
+``<output_dir>/<run>/seed-<seed>``; a finished run made with the same settings (options, config file, data files) is
+reused and named as such, one with other settings is re-run (extended if only ``max_steps`` grew, else refused).
+Options after ``--`` go to every run. Writes ``comparison.json``, ``comparison.md``, ``comparison_tasks.png``
+(per-task loss, mean and worst case, with the spread across seeds) and, with ``--sweep``, ``frontier.png`` (worst-case
+against mean loss for every run: the trade-off frontier).
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from robust_pretrain.cli import UsageError, run_console
+from robust_pretrain.config import load_config_file
+from robust_pretrain.pretraining.common import file_fingerprint
 from robust_pretrain.reporting import TASK_REPORT_NAME
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
 
 RECIPE_MODULE = "robust_pretrain.pretraining.pos_mlm"
+RUN_SETTINGS_NAME = "compare_settings.json"  # beside each run's task_report.json: the settings it was made with
 
 
 def parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
@@ -57,18 +62,44 @@ def plan_runs(strategies: list[str], sweep: str | None) -> list[tuple[str, str, 
     return runs
 
 
+def run_settings(options: list[str], cli: argparse.Namespace) -> dict:
+    """What a run's result depends on: the recipe's options (those of the config file included), the launcher, and
+    the content of every file an option names (data, task spec)."""
+    config = load_config_file(cli.config) if cli.config else {}
+    values = [*options, *(str(v) for value in config.values() for v in (value if isinstance(value, list) else [value]))]
+    return {
+        "config": config,
+        "options": options,
+        "launcher": cli.launcher,
+        "files": {value: file_fingerprint(value) for value in values if Path(value).is_file()},
+    }
+
+
 def run_one(run_dir: Path, strategy: str, seed: int, options: dict[str, str], cli: argparse.Namespace) -> dict:
+    """The run's task report: read if the run finished with the same settings (``compare_settings.json``), else
+    trained (a run in ``run_dir`` with other settings is extended if only ``max_steps`` grew, else refused)."""
     report = run_dir / TASK_REPORT_NAME
-    if not report.is_file():
-        command = [*(shlex.split(cli.launcher) if cli.launcher else [sys.executable]), "-m", RECIPE_MODULE]
-        if cli.config:
-            command += ["--config", cli.config]
-        command += ["--weighting", strategy, "--seed", str(seed), "--output_dir", str(run_dir)]
-        for key, value in options.items():
-            command += [f"--{key}", value]
-        command += cli.overrides
-        print("+", shlex.join(command), flush=True)
+    recipe_options = ["--config", cli.config] if cli.config else []
+    recipe_options += ["--weighting", strategy, "--seed", str(seed)]
+    for key, value in options.items():
+        recipe_options += [f"--{key}", value]
+    recipe_options += cli.overrides
+    settings = run_settings(recipe_options, cli)
+    saved = run_dir / RUN_SETTINGS_NAME
+    if report.is_file() and saved.is_file() and json.loads(saved.read_text()) == settings:
+        print(f"= reusing {run_dir} (finished with the same settings)", flush=True)
+        return json.loads(report.read_text())
+    launcher = shlex.split(cli.launcher) if cli.launcher else [sys.executable]
+    command = [*launcher, "-m", RECIPE_MODULE, *recipe_options, "--output_dir", str(run_dir)]
+    print("+", shlex.join(command), flush=True)
+    try:
         subprocess.run(command, check=True)
+    except subprocess.CalledProcessError as err:
+        raise UsageError(
+            f"the run in {run_dir} failed (exit status {err.returncode}); its message is above. Command: "
+            f"{shlex.join(command)}"
+        ) from err
+    saved.write_text(json.dumps(settings, indent=2) + "\n")
     return json.loads(report.read_text())
 
 
@@ -158,8 +189,13 @@ def plot(table: dict, reports: dict[str, list[dict]], output_dir: Path, frontier
         plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-compare``): exit status 2 and one paragraph for a bad option or run."""
+    return run_console(run, argv, prog="robust-pretrain-compare")
+
+
+def run(argv: list[str]) -> dict:
+    """Train (or reuse) every run, then write and return the comparison."""
     overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,4 +237,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

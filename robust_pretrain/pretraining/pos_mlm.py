@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from datasets import Dataset, DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
@@ -39,6 +40,7 @@ from robust_pretrain.card import (
     local_files,
     pos_tasks,
 )
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import load_config_file, parse_with_config
 from robust_pretrain.data import (
     UPOS_TAGS,
@@ -50,10 +52,13 @@ from robust_pretrain.data import (
 )
 from robust_pretrain.pretraining.common import (
     create_trainer,
+    file_fingerprint,
     prepare_output_dir,
     push,
     setup_logging,
     train_and_evaluate,
+    training_settings,
+    validate_training_args,
     write_report_and_card,
     write_run_config,
 )
@@ -63,18 +68,6 @@ from robust_pretrain.training_args import MinimaxTrainingArguments
 
 logger = logging.getLogger(__name__)
 
-# Settings that must agree between a run and the checkpoints it resumes from.
-RESUME_KEYS = (
-    "model_name_or_path",
-    "model_size",
-    "tokenizer_name",
-    "use_lora",
-    "max_seq_length",
-    "task_spec",
-    "masking",
-    "weighting",
-    "task_names",
-)
 MODEL_SIZES = {  # from-scratch BERT presets: layers, hidden, heads, intermediate
     "tiny": (2, 128, 2, 512),
     "mini": (4, 256, 4, 1024),
@@ -82,6 +75,10 @@ MODEL_SIZES = {  # from-scratch BERT presets: layers, hidden, heads, intermediat
     "medium": (8, 512, 8, 2048),
     "base": (12, 768, 12, 3072),
 }
+MAX_SCRATCH_SEQ_LENGTH = 8192  # position embeddings of a from-scratch model; beyond this is a typo, not a plan
+# Options that do not change what a run computes: they may differ when it resumes.
+NOT_SETTINGS = {"merge_lora", "preprocessing_num_workers", "overwrite_cache", "overwrite_output_dir"}
+TEXT_BUILDERS = {"txt": "text", "jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}
 
 
 @dataclass
@@ -165,6 +162,24 @@ class DataArguments:
         default=False, metadata={"help": "Start afresh even if output_dir holds checkpoints (they are deleted)."}
     )
 
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mlm_probability <= 1.0:
+            raise UsageError(
+                f"--mlm_probability must be in (0, 1], got {self.mlm_probability}: with nothing masked there is "
+                "nothing to learn"
+            )
+        if not 8 <= self.max_seq_length <= MAX_SCRATCH_SEQ_LENGTH:
+            raise UsageError(
+                f"--max_seq_length must be between 8 and {MAX_SCRATCH_SEQ_LENGTH} tokens, got {self.max_seq_length}"
+            )
+        if not 0 < self.validation_split_percentage < 100:
+            raise UsageError(
+                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
+            )
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be a positive integer, got {getattr(self, name)}")
+
 
 def _task_spec_from_argv(argv: list[str]) -> str | None:
     """--task_spec from the command line or the --config file: task_names default to the spec's task names."""
@@ -177,10 +192,39 @@ def _task_spec_from_argv(argv: list[str]) -> str | None:
     return known.task_spec
 
 
-def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments) -> dict:
-    config = {**asdict(model_args), **asdict(data_args), **training_args.weighting_options()}
-    config.update(weighting=training_args.weighting, task_names=list(training_args.task_names), seed=training_args.seed)
+def run_config(
+    model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments, spec: TaskSpec
+) -> dict:
+    """Every setting that changes the result (model, tokenizer, data and its content, task spec, masking, strategy,
+    optimiser, schedule, seeds): a run resumes only with the same ones (``max_steps`` may grow)."""
+    config = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
+    config.update(
+        train_file_sha256=file_fingerprint(data_args.train_file),
+        validation_file_sha256=file_fingerprint(data_args.validation_file),
+        task_groups=spec.to_dict(),
+        **training_settings(training_args),
+    )
     return config
+
+
+def _check_text_file(path: Path, option: str, builder: str) -> None:
+    """Refuse a missing, empty or binary data file by name, before ``datasets`` fails on it with a generic error."""
+    if not path.is_file():
+        raise UsageError(f"{option} {path}: data file not found")
+    if path.stat().st_size == 0:
+        raise UsageError(f"{option} {path} is empty: give a file with one text per line (or record)")
+    if builder == "parquet":
+        return
+    with open(path, "rb") as stream:
+        head = stream.read(1 << 16)
+    if b"\0" in head:
+        offset = head.index(b"\0")
+        raise UsageError(f"{option} {path} is not text (NUL byte at offset {offset}); is it a binary file?")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not just a character cut at the 64 KiB boundary
+            raise UsageError(f"{option} {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
 
 
 def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
@@ -191,17 +235,25 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
         files = {"train": data_args.train_file}
         if data_args.validation_file is not None:
             files["validation"] = data_args.validation_file
-        for path in files.values():
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"data file not found: {path}")
-        extension = Path(data_args.train_file).suffix.lstrip(".")
-        builder = {"txt": "text", "jsonl": "json"}.get(extension, extension)
-        if builder not in ("text", "json", "csv", "parquet"):
-            raise ValueError(f"train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
-        raw = load_dataset(builder, data_files=files)
+        builder = TEXT_BUILDERS.get(Path(data_args.train_file).suffix.lstrip("."))
+        if builder is None:
+            raise UsageError(f"--train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
+        for split, path in files.items():
+            _check_text_file(Path(path), f"--{split}_file", builder)
+        try:
+            raw = load_dataset(builder, data_files=files)
+        except DatasetGenerationError as err:
+            cause = err.__cause__ or err
+            raise UsageError(
+                f"could not read {' and '.join(files.values())} as {builder} data: {type(cause).__name__}: {cause}"
+            ) from err
     else:
-        raw = DatasetDict({split: load_ewt_corpus(source, data_args.ud_dir)
-                           for split, source in (("train", "train"), ("validation", "test"))})
+        raw = DatasetDict(
+            {
+                split: load_ewt_corpus(source, data_args.ud_dir)
+                for split, source in (("train", "train"), ("validation", "test"))
+            }
+        )
     if "validation" not in raw:
         if "test" in raw:
             raw["validation"] = raw["test"]
@@ -210,7 +262,7 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
             raw = DatasetDict({"train": split["train"], "validation": split["test"]})
     for name in ("train", "validation"):
         if data_args.text_column_name not in raw[name].column_names:
-            raise ValueError(
+            raise UsageError(
                 f"the {name} data has no text column {data_args.text_column_name!r} "
                 f"(columns: {raw[name].column_names}); set --text_column_name"
             )
@@ -218,22 +270,40 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
 
 
 def train_wordpiece_tokenizer(texts: list[str], vocab_size: int) -> BertTokenizerFast:
-    """An uncased BERT WordPiece tokenizer trained on ``texts``."""
+    """An uncased BERT WordPiece tokenizer trained on ``texts``, the same for the same texts in every run.
+
+    The ``tokenizers`` trainer numbers the word-continuation pieces (``##x``) in hash-map order, which differs between
+    runs and breaks ties between equally frequent merges differently (huggingface/tokenizers#1794). Listing every
+    ``##x`` of the texts up front, sorted, fixes their numbering and so the whole vocabulary.
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
+    started = time.monotonic()
+    logger.info("Training a WordPiece tokenizer (vocab_size %d) on %d texts", vocab_size, len(texts))
+    continuations: set[str] = set()
+    for text in texts:
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(text)):
+            continuations.update(word[1:])
+    pieces = [f"##{char}" for char in sorted(continuations)]
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special + pieces, show_progress=True)
+    tokenizer.train_from_iterator(texts, trainer, length=len(texts))
+    # the pieces were listed as special tokens only to fix their ids: rebuild with the vocabulary, 5 special tokens
+    trained = Tokenizer(models.WordPiece(tokenizer.get_vocab(with_added_tokens=False), unk_token="[UNK]"))
+    trained.normalizer, trained.pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
+    trained.decoder = decoders.WordPiece()
+    trained.add_special_tokens(special)
+    cls_id, sep_id = trained.token_to_id("[CLS]"), trained.token_to_id("[SEP]")
+    trained.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    return BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=512)
+    logger.info("Trained the tokenizer (%d tokens) in %.1f s", trained.get_vocab_size(), time.monotonic() - started)
+    return BertTokenizerFast(tokenizer_object=trained, model_max_length=512)
 
 
 def load_tokenizer(
@@ -243,11 +313,15 @@ def load_tokenizer(
     if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
         name = checkpoint  # resuming a from-scratch run: keep the vocabulary its checkpoint was trained with
     if name is not None:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        option = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{option} {name}: no tokenizer could be loaded from it ({err})") from err
         if not tokenizer.is_fast:
-            raise ValueError(f"{name} has no fast tokenizer; PoS alignment needs character offsets")
+            raise UsageError(f"{option} {name} has no fast tokenizer; PoS alignment needs character offsets")
         return tokenizer
-    # WordPiece training is not deterministic: the first process trains the tokenizer, the others load its copy.
+    # One process trains the tokenizer, the others load its copy (the same, without training it twice).
     with training_args.main_process_first(local=False, desc="training the WordPiece tokenizer"):
         if training_args.process_index == 0:
             tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size)
@@ -271,35 +345,51 @@ def load_model(model_args: ModelArguments, tokenizer, max_seq_length: int):
             pad_token_id=tokenizer.pad_token_id,
         )
         model = BertForMaskedLM(config)
-        loading = {"missing_keys": set()}
+        fresh_head = False
     else:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        try:
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        except OSError as err:
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {err}") from err
+        positions = getattr(config, "max_position_embeddings", None)
+        if positions is not None and max_seq_length > positions:
+            raise UsageError(
+                f"--max_seq_length {max_seq_length} exceeds the {positions} positions of --model_name_or_path "
+                f"{model_args.model_name_or_path}; use at most {positions}"
+            )
         try:
             model, loading = AutoModelForMaskedLM.from_pretrained(
                 model_args.model_name_or_path, output_loading_info=True
             )
         except ValueError as error:
-            raise ValueError(
-                f"{model_args.model_name_or_path} ({config.model_type}) has no masked-LM head "
+            raise UsageError(
+                f"--model_name_or_path {model_args.model_name_or_path} ({config.model_type}) has no masked-LM head "
                 "that AutoModelForMaskedLM can load"
             ) from error
+        head = mlm_head_name(model)
+        fresh_head = head is not None and any(key.startswith(f"{head}.") for key in loading["missing_keys"])
+        if fresh_head:
+            logger.info(
+                "%s has no masked-LM head: the '%s' weights reported missing above start from random values and are "
+                "trained by this run (expected for an encoder such as a sentence-embedding model)",
+                model_args.model_name_or_path,
+                head,
+            )
         if len(tokenizer) > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(len(tokenizer))
     if model_args.use_lora:
         from peft import LoraConfig, get_peft_model
 
         if model_args.model_name_or_path is None:
-            raise ValueError("use_lora: LoRA adapts a pretrained checkpoint; give --model_name_or_path")
-        head = mlm_head_name(model)
+            raise UsageError("--use_lora: LoRA adapts a pretrained checkpoint; give --model_name_or_path")
         # A checkpoint without an MLM head (e.g. a sentence encoder) gets a fresh random head: train it and save it
         # with the adapter, or base + adapter would not reproduce the trained masked LM.
-        fresh_head = head is not None and any(key.startswith(f"{head}.") for key in loading["missing_keys"])
         lora = LoraConfig(
             r=model_args.lora_r,
             lora_alpha=model_args.lora_alpha,
             lora_dropout=model_args.lora_dropout,
             target_modules=model_args.lora_target_modules,
-            modules_to_save=[head] if fresh_head else None,
+            modules_to_save=[mlm_head_name(model)] if fresh_head else None,
         )
         model = get_peft_model(model, lora)
     return model
@@ -334,25 +424,48 @@ def save_merged(model, tokenizer, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    spec = TaskSpec.resolve(_task_spec_from_argv(argv))
+def require_targets(dataset: Dataset, split: str, data_args: DataArguments, spec: TaskSpec) -> None:
+    """Refuse data in which the tagger finds no word of any task: training would see no target and learn nothing."""
+    for batch in dataset.select_columns("token_task_ids").iter(batch_size=1024):
+        if any(task >= 0 for row in batch["token_task_ids"] for task in row):
+            return
+    source = data_args.dataset_name or getattr(data_args, f"{split}_file", None) or data_args.train_file
+    where = f" ({source})" if source else ""
+    raise UsageError(
+        f"the {split} data{where} contains no word of the tasks {spec.task_names}: the `{data_args.tagger}` tagger "
+        "found none (it tags English; is the text in another language, or empty?). Nothing could be masked, so "
+        "nothing would be learned."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-pos-mlm``, ``recipes/pretrain_pos_mlm.py``): exit status 2 and one
+    paragraph for a bad option, file or checkpoint."""
+    return run_console(run, argv, prog="robust-pretrain-pos-mlm")
+
+
+def run(argv: list[str]) -> dict:
+    """Pre-train as ``argv`` says; the held-out metrics and the task report."""
+    task_spec = _task_spec_from_argv(argv)
+    try:
+        spec = TaskSpec.resolve(task_spec)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--task_spec {task_spec}: {err}") from err
     parser = HfArgumentParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(task_names=spec.task_names, report_to=[], save_total_limit=3)
     model_args, data_args, training_args = parse_with_config(parser, argv)
     if list(training_args.task_names) != spec.task_names:
-        raise ValueError(f"task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
+        raise UsageError(f"--task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
+    validate_training_args(training_args)
+    check_checkpoint(model_args.model_name_or_path)
+    check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
     setup_logging(training_args, logger)
     logger.info(
         "weighting=%s tasks=%s output_dir=%s", training_args.weighting, spec.task_names, training_args.output_dir
     )
-    resume_checkpoint = prepare_output_dir(
-        training_args,
-        run_config(model_args, data_args, training_args),
-        RESUME_KEYS,
-        overwrite=data_args.overwrite_output_dir,
-    )
+    settings = run_config(model_args, data_args, training_args, spec)
+    resume_checkpoint = prepare_output_dir(training_args, settings, overwrite=data_args.overwrite_output_dir)
     set_seed(training_args.seed)
 
     raw = load_raw_datasets(data_args)
@@ -379,6 +492,8 @@ def main(argv: list[str] | None = None) -> dict:
         train_dataset = train_dataset.select(range(min(data_args.max_train_samples, len(train_dataset))))
     if data_args.max_eval_samples is not None:
         eval_dataset = eval_dataset.select(range(min(data_args.max_eval_samples, len(eval_dataset))))
+    require_targets(train_dataset, "train", data_args, spec)
+    require_targets(eval_dataset, "validation", data_args, spec)
 
     def collator(seed: int) -> TaskGroupedMLMCollator:
         return TaskGroupedMLMCollator(
@@ -399,7 +514,7 @@ def main(argv: list[str] | None = None) -> dict:
         """Held-out features are already masked; training features are masked on the fly."""
         return default_data_collator(features) if "labels" in features[0] else train_collator(features)
 
-    write_run_config(training_args, run_config(model_args, data_args, training_args))
+    write_run_config(training_args, settings)
     trainer = create_trainer(
         training_args,
         model=model,
@@ -411,7 +526,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
-    settings = {
+    report_settings = {
         "weighting": training_args.weighting,
         "settings": {
             "weighting": training_args.weighting,
@@ -427,7 +542,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
     }
     final_weights = trainer.step_weights.tolist()
-    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, settings, final_weights)
+    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, report_settings, final_weights)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
     write_report_and_card(
@@ -461,4 +576,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
