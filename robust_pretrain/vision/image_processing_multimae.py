@@ -144,6 +144,27 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         name: str = "example",
     ) -> dict[str, np.ndarray]:
         """One example (a mapping of modality -> raw input) -> arrays; ``name`` is used in error messages."""
+        decoded = self.decode_example(example, name)
+        reference_height, reference_width = next(iter(decoded.values())).shape[:2]
+        if train:
+            if rng is None:
+                raise ValueError("train=True needs a numpy Generator for the augmentation")
+            box = self.random_crop_box(reference_width, reference_height, rng)
+            flip = bool(rng.random() < self.flip_probability)
+        else:
+            box, flip = (0.0, 0.0, 1.0, 1.0), False
+        out = {}
+        for modality, array in decoded.items():
+            resized = getattr(self, f"_resize_{modality}")(array, box)
+            out[modality] = np.ascontiguousarray(resized[..., ::-1] if flip else resized)
+        return out
+
+    def decode_example(self, example: Mapping[str, Any], name: str = "example") -> dict[str, np.ndarray]:
+        """Decode and check the modalities present: rgb (H,W,3) uint8, depth (H,W) metres, semseg (H,W) int64.
+
+        Raises ``ValueError`` (prefixed with ``name``) for unusable input: unknown image modes, a depth map without
+        valid pixel, class ids outside ``num_classes``, modalities whose aspect ratios differ by more than 1%.
+        """
         decoded = {}
         if example.get("rgb") is not None:
             decoded["rgb"] = _decode_rgb(example["rgb"], name)
@@ -158,19 +179,7 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         if max(aspects.values()) > 1.01 * min(aspects.values()):
             raise ValueError(f"{name}: modalities have different aspect ratios {sizes} (width, height); they must "
                              "show the same view (different resolutions of one aspect are resized consistently)")
-        reference_width, reference_height = next(iter(sizes.values()))
-        if train:
-            if rng is None:
-                raise ValueError("train=True needs a numpy Generator for the augmentation")
-            box = self.random_crop_box(reference_width, reference_height, rng)
-            flip = bool(rng.random() < self.flip_probability)
-        else:
-            box, flip = (0.0, 0.0, 1.0, 1.0), False
-        out = {}
-        for modality, array in decoded.items():
-            resized = getattr(self, f"_resize_{modality}")(array, box)
-            out[modality] = np.ascontiguousarray(resized[..., ::-1] if flip else resized)
-        return out
+        return decoded
 
     def random_crop_box(self, width: float, height: float, rng: np.random.Generator) -> tuple[float, ...]:
         """(left, top, right, bottom) as fractions of the image: torchvision's RandomResizedCrop sampling."""
