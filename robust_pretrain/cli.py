@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ def run_console(run: Callable[[list[str]], Any], argv: Sequence[str] | None = No
             raise
         message = " ".join(str(err).split())
         hint = f"(run with {TRACEBACK_FLAG} or {TRACEBACK_ENV}=1 for the traceback)"
-        print(textwrap.fill(f"{prog}: error: {message} {hint}", width=120), file=sys.stderr)
+        print(f"{prog}: error: {message} {hint}", file=sys.stderr)  # one line: paths stay whole for copy-paste
         return USAGE_ERROR_STATUS
     return 0
 
