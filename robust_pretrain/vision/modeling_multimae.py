@@ -599,6 +599,16 @@ class MultiMAEDenseModel(MultiMAEFineTuningModel):
         self.multimae = MultiMAEModel(config)
         self.neck = DPTNeck(_dpt_config(config))
 
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """As the encoder, except He (fan-in, ReLU) initialisation for the convolutions of the neck and head: with
+        ``normal(0.02)`` their output vanishes through the fusion stack unless the channels are wide."""
+        super()._init_weights(module)
+        if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)) and not any(
+            module is encoder_module for encoder_module in self.multimae.modules()
+        ):
+            init.kaiming_normal_(module.weight, nonlinearity="relu")
+
     def _fused_features(
         self, pixel_values: torch.Tensor | None, modality_inputs: dict[str, torch.Tensor | None]
     ) -> tuple[list[torch.Tensor], tuple[int, int], tuple[tuple[torch.Tensor, ...], ...]]:
