@@ -85,15 +85,11 @@ def trajectory_figure(task_names: list[str], log_history: list[dict[str, Any]]) 
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, label=name, color=colors(i % 10), marker="o", markersize=3)
         if not ax.lines:
-            ax.text(
-                0.5,
-                0.5,
-                f"nothing to draw: no {what} were logged\n(the run's {train_steps} steps ended before its first "
-                "logging step;\nlower logging_steps to see them)",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-            )
+            message = f"nothing to draw: no {what} were logged"
+            if not any("loss" in entry for entry in log_history):  # no training step was logged at all
+                message += f"\n(the run's {train_steps} steps ended before its first logging step;\n"
+                message += "lower logging_steps to see them)"
+            ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     ax_w.set(title="task weight", xlabel="optimizer step", ylabel="weight")
     ax_l.set(title="task training loss (mean over each logging window)", xlabel="optimizer step", ylabel="loss")
     if ax_l.lines:

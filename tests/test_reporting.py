@@ -88,6 +88,14 @@ def test_logged_weights_win_when_the_log_reaches_the_last_step(tmp_path: Path) -
     assert {line.get_label() for line in loss_axes.lines} <= set(TASKS) and loss_axes.get_legend() is not None
 
 
+def test_plot_names_no_logging_reason_when_steps_were_logged() -> None:
+    history = [{"step": 5, "loss": 2.0, "task_weight/verb": 1.0, "task_weight/noun": 0.0}]  # no task losses logged
+    weights_axes, loss_axes = trajectory_figure(["verb", "noun"], history).axes
+
+    assert len(weights_axes.lines) == 2 and not weights_axes.texts
+    assert [text.get_text() for text in loss_axes.texts] == ["nothing to draw: no task losses were logged"]
+
+
 def test_final_weights_without_any_step_are_ignored() -> None:
     report = task_report(TASKS, [], {}, {}, final_weights=[0.2, 0.3, 0.5])
     assert report["final_weights"] == {} and report["train_steps"] == 0
