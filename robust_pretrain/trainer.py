@@ -83,8 +83,10 @@ class MinimaxTrainer(Trainer):
         self.step_weights = torch.zeros(self.num_tasks)
         self._step_counts: torch.Tensor | None = None
         self._micro_index = 0
-        self._train_sums = torch.zeros(2 * self.num_tasks)
-        self._eval_sums = torch.zeros(2 * self.num_tasks)
+        # Running per-task (loss sums, counts) in float64: batch sums add up exactly, whatever the order of the
+        # batches and processes, so 2-process eval losses equal the 1-process ones.
+        self._train_sums = torch.zeros(2 * self.num_tasks, dtype=torch.float64)
+        self._eval_sums = torch.zeros(2 * self.num_tasks, dtype=torch.float64)
         self._collecting_predictions = False
         self._shared_params: list[torch.nn.Parameter] | None = None
         #: writes the run's model card; ``None`` keeps the Trainer's default card (see :meth:`create_model_card`)
