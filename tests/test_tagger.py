@@ -9,7 +9,7 @@ import pytest
 
 from robust_pretrain.data import get_tagger
 from robust_pretrain.data.conllu import read_conllu, upos_accuracy
-from robust_pretrain.data.perceptron import load_model, reference_tagger
+from robust_pretrain.data.perceptron import VectorizedPerceptron, load_model, reference_tagger
 from robust_pretrain.data.taggers import SHIPPED_MODEL_PATH, NltkTagger, ShippedTagger, penn_to_upos
 
 SENTENCES = [
@@ -33,15 +33,18 @@ def nltk_data(shared_data, monkeypatch):
 def test_shipped_tagger_upos_accuracy_on_ewt_test(ewt_test):
     predicted = get_tagger("shipped").tag_words([s.words for s in ewt_test])
     assert sum(len(tags) for tags in predicted) == 25094
-    assert upos_accuracy(predicted, ewt_test) >= 0.94
+    assert upos_accuracy(predicted, ewt_test) >= 23946 / 25094  # 95.43 %, the accuracy of the shipped model
 
 
 def test_vectorised_decoder_matches_pure_python_perceptron(ewt_test):
-    reference = reference_tagger(load_model(SHIPPED_MODEL_PATH))
+    model = load_model(SHIPPED_MODEL_PATH)
+    reference = reference_tagger(model)
     sample = [s.words for s in ewt_test[:150]]
-    fast = ShippedTagger().tag_words(sample)
+    decoder = VectorizedPerceptron(model)  # fresh: every word type is new to it
+    cold = decoder.tag(sample)
+    assert decoder.tag(sample) == cold  # its per-type cache changes nothing
     slow = [reference(words) for words in sample]
-    mismatches = sum(a != b for f, s in zip(fast, slow, strict=True) for a, b in zip(f, s, strict=True))
+    mismatches = sum(a != b for f, s in zip(cold, slow, strict=True) for a, b in zip(f, s, strict=True))
     assert mismatches <= 1  # only float summation order differs
 
 

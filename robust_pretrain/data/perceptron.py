@@ -16,6 +16,7 @@ import json
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,16 @@ def normalize_word(word: str) -> str:
 
 def word_shape(word: str) -> str:
     """Coarse shape: runs of upper (X), lower (x), digit (d) and other characters collapsed, at most 4 symbols."""
+    if word.isascii() and word.isalnum():  # common cases without a loop over the characters
+        if word.isalpha():
+            if word.islower():
+                return "x"
+            if word.isupper():
+                return "X"
+            if word[0].isupper() and word[1:].islower():
+                return "Xx"
+        elif word.isdigit():
+            return "d"
     symbols: list[str] = []
     for char in word:
         symbol = "X" if char.isupper() else "x" if char.islower() else "d" if char.isdigit() else char
@@ -80,35 +91,52 @@ def build_lexicon(sentences: Sequence[tuple[Sequence[str], Sequence[str]]]) -> d
     }
 
 
+WORD_ATTRIBUTES = (
+    "norm", "shape", "ambiguity", "suffix3", "prefix1", "lower_suffix2", "lower_suffix1", "lower_suffix4",
+    "lower_prefix2", "lower_prefix3", "norm_suffix3", "suffix2_lower",
+)  # fmt: skip
+"""What :meth:`Featurizer.attributes` computes for a word, in this order."""
+_NEIGHBOUR_TEMPLATES = (("word", "norm"), ("suffix", "norm_suffix3"), ("shape", "shape"),
+                        ("suffix2", "suffix2_lower"), ("amb", "ambiguity"))
+OFFSET_TEMPLATES: dict[int, tuple[tuple[str, str], ...]] = {
+    -2: (("i-2 word", "norm"),),
+    -1: tuple((f"i-1 {name}", attribute) for name, attribute in _NEIGHBOUR_TEMPLATES),
+    0: (("i suffix", "suffix3"), ("i pref1", "prefix1"), ("i word", "norm"), ("i shape", "shape"),
+        ("i suffix2", "lower_suffix2"), ("i suffix1", "lower_suffix1"), ("i suffix4", "lower_suffix4"),
+        ("i pref2", "lower_prefix2"), ("i pref3", "lower_prefix3"), ("i amb", "ambiguity")),
+    1: tuple((f"i+1 {name}", attribute) for name, attribute in _NEIGHBOUR_TEMPLATES),
+    2: (("i+2 word", "norm"),),
+}  # fmt: skip
+"""Per offset from the word being tagged, the features a word there contributes: ``f"{template} {attribute}"``."""
+
+
 class Featurizer:
     """Feature templates; ``lexicon`` (ambiguity classes) is stored with the model."""
 
     def __init__(self, lexicon: dict[str, str]) -> None:
         self.lexicon = lexicon
 
-    def offset_features(self, word: str, offset: int) -> list[str]:
-        """Features the word contributes when it sits ``offset`` positions from the word being tagged.
+    def attributes(self, word: str) -> tuple[str, ...]:
+        """The values of :data:`WORD_ATTRIBUTES` for a raw token or a START/END padding symbol.
 
-        ``word`` is a raw token or one of the START/END padding symbols (used verbatim).
+        Padding symbols are their own normalised form, shape and ambiguity class.
         """
-        padding = _padding(word)
-        norm = context_norm(word)
-        shape = word if padding else word_shape(word)
-        ambiguity = word if padding else self.lexicon.get(norm, "?")
-        if offset == 0:
-            lower = word.lower()
-            return [
-                f"i suffix {word[-3:]}", f"i pref1 {word[:1]}", f"i word {norm}", f"i shape {shape}",
-                f"i suffix2 {lower[-2:]}", f"i suffix1 {lower[-1:]}", f"i suffix4 {lower[-4:]}",
-                f"i pref2 {lower[:2]}", f"i pref3 {lower[:3]}", f"i amb {ambiguity}",
-            ]  # fmt: skip
-        if offset in (-1, 1):
-            name = f"i{offset:+d}"
-            return [f"{name} word {norm}", f"{name} suffix {norm[-3:]}", f"{name} shape {shape}",
-                    f"{name} suffix2 {word[-2:].lower()}", f"{name} amb {ambiguity}"]
-        if offset in (-2, 2):
-            return [f"i{offset:+d} word {norm}"]
-        raise ValueError(f"offset must be one of {OFFSETS}, got {offset}")
+        lower = word.lower()
+        if _padding(word):
+            norm = shape = ambiguity = word
+        else:
+            norm = normalize_word(word)
+            shape = word_shape(word)
+            ambiguity = self.lexicon.get(norm, "?")
+        return (norm, shape, ambiguity, word[-3:], word[:1], lower[-2:], lower[-1:], lower[-4:], lower[:2], lower[:3],
+                norm[-3:], word[-2:].lower())
+
+    def offset_features(self, word: str, offset: int) -> list[str]:
+        """Features the word contributes when it sits ``offset`` positions from the word being tagged."""
+        if offset not in OFFSET_TEMPLATES:
+            raise ValueError(f"offset must be one of {OFFSETS}, got {offset}")
+        values = dict(zip(WORD_ATTRIBUTES, self.attributes(word), strict=True))
+        return [f"{template} {values[attribute]}" for template, attribute in OFFSET_TEMPLATES[offset]]
 
     def sentence_features(self, words: Sequence[str], i: int, prev: str, prev2: str) -> list[str]:
         """All features of word ``i`` of ``words`` (reference implementation, used for training)."""
@@ -274,7 +302,38 @@ class VectorizedPerceptron:
         self._bigram = self._key_table(
             [((t * self._n_words + a) * self._n_words + b, row) for t, a, b, row in bigram_keys]
         )
+        self._attribute_tables = self._build_attribute_tables()
         self._reset_type_cache()
+
+    def _build_attribute_tables(self) -> list[tuple[int, dict[str, int], list[int], np.ndarray]]:
+        """Per word attribute: its index in :data:`WORD_ATTRIBUTES`, value -> id, the offset slots it has features
+        at, and their weights ``(n_values + 1, n_slots, n_classes)`` (the last row, all zeros, for unseen values)."""
+        uses: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for slot, offset in enumerate(OFFSETS):
+            for template, attribute in OFFSET_TEMPLATES[offset]:
+                uses[attribute].append((slot, template))
+        template_use = {
+            template: (attribute, position)
+            for attribute, attribute_uses in uses.items()
+            for position, (_, template) in enumerate(attribute_uses)
+        }
+        entries: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # attribute -> (value, position, row)
+        for feature, row in self._feature_row.items():
+            head, _, rest = feature.partition(" ")
+            name, _, value = rest.partition(" ")
+            use = template_use.get(f"{head} {name}")
+            if use is not None:
+                entries[use[0]].append((value, use[1], row))
+        tables = []
+        for index, attribute in enumerate(WORD_ATTRIBUTES):
+            vocabulary: dict[str, int] = {}
+            ids = [vocabulary.setdefault(value, len(vocabulary)) for value, _, _ in entries[attribute]]
+            table = np.zeros((len(vocabulary) + 1, len(uses[attribute]), len(self.classes)))
+            if ids:
+                positions = [position for _, position, _ in entries[attribute]]
+                table[ids, positions] = self._weights[[row for _, _, row in entries[attribute]]]
+            tables.append((index, vocabulary, [slot for slot, _ in uses[attribute]], table))
+        return tables
 
     def _word_number(self, norm: str) -> int:
         return self._word_id.setdefault(norm, len(self._word_id))
@@ -304,21 +363,30 @@ class VectorizedPerceptron:
         self._offset_table = np.zeros((1024, len(OFFSETS), len(self.classes)))
         self._type_tagdict = np.full(1024, -1, dtype=np.int64)
         self._type_word = np.full(1024, -1, dtype=np.int64)
-        for symbol in (*START, *END):
-            self._type_of(symbol)
+        self._add_types([*START, *END])
 
-    def _type_of(self, word: str) -> int:
-        type_id = len(self._type_id)
-        if type_id == len(self._type_tagdict):  # grow the per-type arrays geometrically
-            self._offset_table = np.concatenate([self._offset_table, np.zeros_like(self._offset_table)])
-            self._type_tagdict = np.concatenate([self._type_tagdict, np.full(type_id, -1, dtype=np.int64)])
-            self._type_word = np.concatenate([self._type_word, np.full(type_id, -1, dtype=np.int64)])
-        self._type_id[word] = type_id
-        for k, offset in enumerate(OFFSETS):
-            self._offset_table[type_id, k] = self._sum_features(self._featurizer.offset_features(word, offset))
-        self._type_tagdict[type_id] = self._tagdict.get(word, -1)
-        self._type_word[type_id] = self._word_id.get(context_norm(word), -1)
-        return type_id
+    def _add_types(self, words: Sequence[str]) -> None:
+        """Register new word types: their contributions at each offset, summed over attributes with numpy."""
+        if not words:
+            return
+        first = len(self._type_id)
+        needed = first + len(words)
+        if needed > len(self._type_tagdict):  # grow the per-type arrays geometrically
+            extra = max(needed, 2 * len(self._type_tagdict)) - len(self._type_tagdict)
+            self._offset_table = np.concatenate([self._offset_table, np.zeros((extra, *self._offset_table.shape[1:]))])
+            self._type_tagdict = np.concatenate([self._type_tagdict, np.full(extra, -1, dtype=np.int64)])
+            self._type_word = np.concatenate([self._type_word, np.full(extra, -1, dtype=np.int64)])
+        self._type_id.update(zip(words, range(first, needed), strict=True))
+        self._type_tagdict[first:needed] = [self._tagdict.get(word, -1) for word in words]
+        columns = list(zip(*map(self._featurizer.attributes, words), strict=True))
+        self._type_word[first:needed] = [self._word_id.get(norm, -1) for norm in columns[0]]
+        contributions = self._offset_table[first:needed]
+        for index, vocabulary, slots, table in self._attribute_tables:
+            unseen = repeat(len(table) - 1, len(words))
+            ids = np.fromiter(map(vocabulary.get, columns[index], unseen), dtype=np.int64, count=len(words))
+            weights = table[ids]
+            for position, slot in enumerate(slots):
+                contributions[:, slot] += weights[:, position]
 
     def tag_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
         """Class indices (into :attr:`classes`) of all words, sentences concatenated in order."""
@@ -328,11 +396,12 @@ class VectorizedPerceptron:
         if len(self._type_id) > MAX_CACHED_TYPES:  # bound memory on large corpora
             self._reset_type_cache()
         known = self._type_id
+        self._add_types([w for w in dict.fromkeys(w for words in sentences for w in words) if w not in known])
         pad = [known[s] for s in (*START, *END)]
         context: list[int] = []
         for words in sentences:
             context.extend(pad[:2])
-            context.extend([known[w] if w in known else self._type_of(w) for w in words])
+            context.extend([known[w] for w in words])
             context.extend(pad[2:])
         context_types = np.asarray(context, dtype=np.int64)
         context_words = self._type_word[context_types]
