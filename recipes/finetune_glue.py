@@ -3,4 +3,4 @@
 from robust_pretrain.glue.finetune import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -6,4 +6,4 @@ See robust_pretrain.evaluation.suite.
 from robust_pretrain.evaluation.suite import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -188,7 +188,7 @@ def _cell_dir(out: Path, cell: dict) -> Path:
 def test_dense_family_through_the_suite_command(toy_checkpoints: dict[str, Path], tmp_path: Path) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "suite"
-    summary = suite.main(_argv(toy_checkpoints, out))
+    summary = suite.run(_argv(toy_checkpoints, out))
     assert summary["tasks"] == ["semseg", "classification"] and summary["family"] == "toy-dense"
     cells = [json.loads(path.read_text()) for path in sorted((out / "cells").glob("*/*/seed*/cell.json"))]
     assert len(cells) == 8
@@ -216,9 +216,9 @@ def test_dense_family_through_the_suite_command(toy_checkpoints: dict[str, Path]
     assert {r["metrics"][0]["type"] for r in index["model-index"][0]["results"]} == {"mean_iou", "accuracy"}
     assert not (toy_checkpoints["other"] / "README.md").exists()
 
-    assert suite.main(_argv(toy_checkpoints, out)) == summary  # every cell reused
+    assert suite.run(_argv(toy_checkpoints, out)) == summary  # every cell reused
     before = {path: path.stat().st_mtime_ns for path in (out / "cells").glob("*/semseg/*/cell.json")}
-    changed = suite.main(_argv(toy_checkpoints, out, "--learning_rate", "0.02"))
+    changed = suite.run(_argv(toy_checkpoints, out, "--learning_rate", "0.02"))
     assert {path: path.stat().st_mtime_ns for path in (out / "cells").glob("*/semseg/*/cell.json")} != before
     assert (
         changed["checkpoints"][str(toy_checkpoints["other"])]["tasks"]["semseg"]["scores"]
@@ -226,9 +226,11 @@ def test_dense_family_through_the_suite_command(toy_checkpoints: dict[str, Path]
     )
 
 
-def test_lower_is_better_tasks_and_bad_selections(toy_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+def test_lower_is_better_tasks_and_bad_selections(
+    toy_checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     torch.set_num_threads(1)
-    summary = suite.main(_argv(toy_checkpoints, tmp_path / "depth", "--tasks", "depth", "--max_eval_samples", "5"))
+    summary = suite.run(_argv(toy_checkpoints, tmp_path / "depth", "--tasks", "depth", "--max_eval_samples", "5"))
     entry = summary["checkpoints"][str(toy_checkpoints["other"])]
     assert entry["worst_task"] == "depth" and summary["higher_is_better"] is False
     assert summary["limits"] == {"max_eval_samples": 5}
@@ -247,7 +249,13 @@ def test_lower_is_better_tasks_and_bad_selections(toy_checkpoints: dict[str, Pat
     with pytest.raises(ValueError, match="Unknown toy-dense task 'rte'; expected one of: semseg, classification"):
         suite.SuiteArguments(checkpoints=["a"], family="toy-dense", tasks=["rte"])
     with pytest.raises(ValueError, match="Unknown or malformed options: \\['--glue_dir'"):
-        suite.main(_argv(toy_checkpoints, tmp_path / "bad", "--glue_dir", "x"))
+        suite.run(_argv(toy_checkpoints, tmp_path / "bad", "--glue_dir", "x"))
     with pytest.raises(FileNotFoundError, match="no encoder.pt"):
-        suite.main(["--family", "toy-dense", "--checkpoints", str(tmp_path), "--output_dir", str(tmp_path / "bad")])
+        suite.run(["--family", "toy-dense", "--checkpoints", str(tmp_path), "--output_dir", str(tmp_path / "bad")])
     assert not (tmp_path / "bad").exists()
+    nope = tmp_path / "runs" / "nope"
+    missing = ["--checkpoints", str(toy_checkpoints["other"]), "--baseline", str(nope), "--output_dir", "x"]
+    assert suite.main(["--family", "toy-dense", *missing]) == 2
+    error = capsys.readouterr().err
+    assert f"robust-pretrain-suite: error: --baseline {nope}: no such checkpoint directory" in " ".join(error.split())
+    assert "Traceback" not in error

@@ -11,6 +11,7 @@ import pytest
 from test_glue_support import SHARED_TASKS, make_synthetic_glue, mnli_rows, write_tsv
 from transformers import HfArgumentParser
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.config import parse_with_config
 from robust_pretrain.glue import check_glue_files, get_task, glue_features, load_glue, primary_score, read_glue_tsv
 from robust_pretrain.glue.finetune import GlueDataArguments, GlueRunArguments, GlueTrainingArguments, LoraArguments
@@ -117,9 +118,9 @@ def test_unknown_task() -> None:
 
 
 def test_missing_task_files_are_reported(shared_data: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"mnli: .*MNLI/train.tsv not found"):
+    with pytest.raises(UsageError, match=r"mnli: .*MNLI/train.tsv not found"):
         check_glue_files("mnli", shared_data / "glue")
-    with pytest.raises(FileNotFoundError, match="qqp"):
+    with pytest.raises(UsageError, match="qqp"):
         load_glue("qqp", shared_data / "glue")
 
 
@@ -172,7 +173,7 @@ def test_short_row_and_bad_score(tmp_path: Path) -> None:
 
 
 def test_hub_loading_needs_network() -> None:
-    with pytest.raises(RuntimeError, match="no --glue_dir given and the Hub is offline"):
+    with pytest.raises(UsageError, match="no --glue_dir given and the Hub is offline"):
         load_glue("rte")
 
 
@@ -228,7 +229,7 @@ def test_config_file_errors(tmp_path: Path) -> None:
     path.write_text("task_name: rte\nmodel_name_or_path: m\nlerning_rate: 1e-4\n")
     with pytest.raises(ValueError, match="lerning_rate"):
         parse_with_config(_finetune_parser(), ["--config", str(path)])
-    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+    with pytest.raises(UsageError, match="missing.yaml"):
         parse_with_config(_finetune_parser(), ["--config", str(tmp_path / "missing.yaml")])
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from test_glue_support import SHARED_TASKS, make_synthetic_glue, make_tiny_bert
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.glue import finetune, get_task, load_glue, load_glue_metric, read_predictions
 
 FAST = ["--max_train_samples", "24", "--max_eval_samples", "20", "--max_steps", "2", "--disable_tqdm", "true"]
@@ -26,7 +27,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(model: Path, task: str, glue_dir: Path, output_dir: Path, *extra: str) -> dict[str, float]:
     argv = ["--model_name_or_path", str(model), "--task_name", task, "--glue_dir", str(glue_dir)]
-    return finetune.main([*argv, "--output_dir", str(output_dir), *FAST, *extra])
+    return finetune.run([*argv, "--output_dir", str(output_dir), *FAST, *extra])
 
 
 @pytest.mark.parametrize("task", SHARED_TASKS)
@@ -121,12 +122,22 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(finetune, "Trainer", forbidden)
 
 
-def test_missing_checkpoint(no_training: None, shared_data: Path, tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+def test_missing_checkpoint(
+    no_training: None, shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(UsageError, match="no-such-ckpt: no such checkpoint directory"):
         _run(tmp_path / "no-such-ckpt", "rte", shared_data / "glue", tmp_path / "out")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="without config.json"):
+    with pytest.raises(UsageError, match="is not a saved model: it has no config.json"):
         _run(tmp_path / "empty", "rte", shared_data / "glue", tmp_path / "out")
+    # The console entry point: one paragraph on stderr, exit status 2, no traceback.
+    argv = ["--model_name_or_path", "./outputs/nope", "--task_name", "rte", "--output_dir", str(tmp_path / "out")]
+    assert finetune.main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(
+        "robust-pretrain-finetune-glue: error: --model_name_or_path ./outputs/nope: no such checkpoint"
+    )
+    assert "Traceback" not in error
 
 
 def test_refuses_an_earlier_runs_output_dir(tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
@@ -134,7 +145,7 @@ def test_refuses_an_earlier_runs_output_dir(tiny_bert: Path, shared_data: Path, 
     _run(tiny_bert, "rte", shared_data / "glue", out, "--save_strategy", "steps", "--save_steps", "1")
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    with pytest.raises(FileExistsError, match=f"--output_dir {out} already holds files.*--overwrite_output_dir true"):
+    with pytest.raises(UsageError, match=f"--output_dir {out} already holds files.*--overwrite_output_dir true"):
         _run(tiny_bert, "rte", shared_data / "glue", out)
     assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
     (out / "notes.txt").write_text("mine")
@@ -146,7 +157,7 @@ def test_refuses_an_earlier_runs_output_dir(tiny_bert: Path, shared_data: Path, 
 def test_bad_task_and_data(no_training: None, tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Unknown GLUE task 'mnli-mm'"):
         _run(tiny_bert, "mnli-mm", shared_data / "glue", tmp_path / "out")
-    with pytest.raises(FileNotFoundError, match="QNLI/train.tsv not found"):
+    with pytest.raises(UsageError, match="QNLI/train.tsv not found"):
         _run(tiny_bert, "qnli", shared_data / "glue", tmp_path / "out")
     glue_dir = tmp_path / "glue"
     shutil.copytree(shared_data / "glue" / "WNLI", glue_dir / "WNLI")

@@ -12,6 +12,7 @@ import yaml
 from huggingface_hub import ModelCard
 from test_glue_support import make_tiny_bert
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation import glue_tasks, suite
 from robust_pretrain.evaluation.suite import SuiteArguments, run_suite
 from robust_pretrain.glue import (
@@ -174,11 +175,19 @@ def test_model_cards_keep_user_content(fake: FakeFinetune, checkpoints: dict[str
     ] == 59.0
 
 
-def test_resume_counts_runs(fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path) -> None:
+def test_resume_counts_runs(
+    fake: FakeFinetune, checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = _run(checkpoints, tmp_path / "suite")
     assert len(fake.calls) == 12
     assert _run(checkpoints, tmp_path / "suite") == first
     assert len(fake.calls) == 12  # everything reused
+    monkeypatch.chdir(tmp_path)  # the same checkpoints spelled as relative paths: reused, reported under that name
+    args = SuiteArguments(checkpoints=["./robust"], baseline="base", tasks=["rte", "cola", "stsb"], seeds=[1, 2])
+    options = (GlueDataArguments(), LoraArguments(), GlueTrainingArguments(output_dir=str(tmp_path / "suite")))
+    relative = run_suite(args, options)
+    assert len(fake.calls) == 12 and list(relative["checkpoints"]) == ["base", "./robust"]
+    assert relative["checkpoints"]["./robust"]["delta"] == first["checkpoints"][str(checkpoints["robust"])]["delta"]
     cells = sorted((tmp_path / "suite" / "cells").glob("robust-*/cola/seed2/cell.json"))
     assert len(cells) == 1
     cells[0].unlink()
@@ -193,10 +202,13 @@ def test_bad_input_fails_before_any_run(
 ) -> None:
     options = (GlueDataArguments(), LoraArguments(), GlueTrainingArguments(output_dir=str(tmp_path / "suite")))
     missing = SuiteArguments(checkpoints=[str(checkpoints["base"]), str(tmp_path / "nope")], tasks=["rte"])
-    with pytest.raises(FileNotFoundError, match="nope.*does not exist"):
+    with pytest.raises(UsageError, match="--checkpoints .*nope: no such checkpoint directory"):
         run_suite(missing, options)
+    empty = SuiteArguments(checkpoints=[str(checkpoints["base"])], baseline=str(tmp_path), tasks=["rte"])
+    with pytest.raises(UsageError, match="--checkpoints .* is not a saved model: it has no config.json"):
+        run_suite(empty, options)
     absent_task = SuiteArguments(checkpoints=[str(checkpoints["base"])], tasks=["rte", "qqp"])
-    with pytest.raises(FileNotFoundError, match="QQP/train.tsv not found"):
+    with pytest.raises(UsageError, match="QQP/train.tsv not found"):
         run_suite(absent_task, (GlueDataArguments(glue_dir=str(shared_data / "glue")), *options[1:]))
     assert fake.calls == []
     with pytest.raises(ValueError, match="Unknown glue task 'glue'"):
@@ -309,7 +321,7 @@ def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monk
     }
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(config))
     argv = ["--config", str(tmp_path / "suite.yaml"), "--disable_tqdm", "true"]
-    summary = suite.main(argv)
+    summary = suite.run(argv)
     assert calls == ["rte", "stsb", "rte", "stsb"]
     cell_files = list((tmp_path / "suite" / "cells").glob("*/*/seed3/cell.json"))
     assert len(cell_files) == 4
@@ -330,7 +342,7 @@ def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monk
     assert summary["checkpoints"][str(second)]["worst_task"] in ("rte", "stsb")
     assert "Δ worst" in (tmp_path / "suite" / "glue_suite.md").read_text()
     assert not (first / "README.md").exists() and not (second / "README.md").exists()  # default: no card edits
-    suite.main(argv)
+    suite.run(argv)
     assert len(calls) == 4
 
 

@@ -20,6 +20,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.repocard_data import eval_results_to_model_index
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation.checkpoints import checkpoint_key, checkpoint_label, local_dir
 from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask
 from robust_pretrain.reporting import TASK_REPORT_NAME
@@ -112,7 +113,7 @@ def check_card_updates(checkpoints: Sequence[str], output_dir: Path) -> None:
     refused = [(checkpoint, reason) for checkpoint in checkpoints if (reason := card_update_refusal(checkpoint))]
     if refused:
         details = "; ".join(f"{checkpoint}: {reason}" for checkpoint, reason in refused)
-        raise ValueError(
+        raise UsageError(
             f"--update_model_cards refuses to edit these checkpoints' README.md: {details}. Nothing was run. Leave "
             f"out --update_model_cards: every checkpoint's results are written to {output_dir / CARDS_DIR} anyway."
         )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from robust_pretrain.cli import UsageError, check_checkpoint
 from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, SuiteTask, TaskFamily, TaskRunResult
 from robust_pretrain.glue.data import HUB_DATASET, check_glue_files
 from robust_pretrain.glue.finetune import (
@@ -15,7 +16,6 @@ from robust_pretrain.glue.finetune import (
     GlueRunArguments,
     GlueTrainingArguments,
     LoraArguments,
-    check_checkpoint,
     predictions_file_name,
     run_finetune,
 )
@@ -69,9 +69,9 @@ def check_glue_inputs(checkpoints: Sequence[str], tasks: Sequence[SuiteTask], op
     """Missing checkpoints, missing TSV files or columns, or disabled evaluation fail before any cell runs."""
     data_args, _, training_args = options
     if not training_args.do_eval:
-        raise ValueError("The suite needs evaluation; do not pass --do_eval false")
+        raise UsageError("The suite needs evaluation; do not pass --do_eval false")
     for checkpoint in checkpoints:
-        check_checkpoint(checkpoint)
+        check_checkpoint(checkpoint, "--checkpoints")
     if data_args.glue_dir is not None:
         for task in tasks:
             check_glue_files(task.name, data_args.glue_dir)

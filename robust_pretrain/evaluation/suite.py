@@ -26,6 +26,7 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import load_config_file, parse_with_config
 from robust_pretrain.evaluation.cards import check_card_updates, eval_results, write_card_outputs
 from robust_pretrain.evaluation.checkpoints import (
@@ -71,10 +72,10 @@ class SuiteArguments:
         family = get_family(self.family)
         self.tasks = [family.task(name).name for name in (self.tasks or family.default_tasks)]
         if not self.tasks or not self.seeds or not self.checkpoints:
-            raise ValueError("--checkpoints, --tasks and --seeds each need at least one value")
+            raise UsageError("--checkpoints, --tasks and --seeds each need at least one value")
         directions = {family.task(name).higher_is_better for name in self.tasks}
         if len(directions) > 1:
-            raise ValueError(
+            raise UsageError(
                 f"--tasks {self.tasks} mix metrics where higher is better with metrics where lower is better; they "
                 "have no common average or worst task: run them as separate suites"
             )
@@ -87,7 +88,7 @@ class SuiteArguments:
                 identities.insert(0, checkpoint_identity(self.baseline))
         for name, values in (("checkpoints", identities), ("tasks", self.tasks), ("seeds", self.seeds)):
             if len(set(values)) != len(values):
-                raise ValueError(f"--{name} has duplicates: {getattr(self, name)}")
+                raise UsageError(f"--{name} has duplicates: {getattr(self, name)}")
 
 
 def suite_output_dir(family: TaskFamily, options: Sequence[Any]) -> Path:
@@ -96,7 +97,7 @@ def suite_output_dir(family: TaskFamily, options: Sequence[Any]) -> Path:
     if len(found) != 1:
         raise TypeError(f"family {family.name!r}: exactly one option dataclass must define output_dir")
     if not found[0]:
-        raise ValueError("--output_dir is required (the suite directory)")
+        raise UsageError("--output_dir is required (the suite directory)")
     return Path(found[0])
 
 
@@ -154,7 +155,7 @@ def run_cell(
         cell = json.loads(cell_file.read_text(encoding="utf-8"))
         if cell.get("fingerprint") == fingerprint:
             logger.info("Reusing finished cell %s", cell_dir)
-            return cell
+            return {**cell, "checkpoint": checkpoint}  # as spelled in this run (the identity is the same)
         logger.warning("Running %s again; settings changed: %s", cell_dir, _changes(cell.get("settings", {}), settings))
     if cell_dir.exists():  # an interrupted or outdated run of this cell: the suite's own directory
         shutil.rmtree(cell_dir)
@@ -292,6 +293,10 @@ def run_suite(suite_args: SuiteArguments, options: Sequence[Any]) -> dict[str, A
     tasks = [family.task(name) for name in suite_args.tasks]
     output_dir = suite_output_dir(family, options)
     run_settings = family.run_settings(options)
+    for checkpoint in suite_args.checkpoints:  # existence here; the family checks that each is a model it can load
+        check_checkpoint(
+            checkpoint, "--baseline" if checkpoint == suite_args.baseline else "--checkpoints", model=False
+        )
     family.check_inputs(suite_args.checkpoints, tasks, options)
     if suite_args.update_model_cards:
         check_card_updates(suite_args.checkpoints, output_dir)
@@ -338,10 +343,16 @@ def parse_suite_args(argv: Sequence[str] | None = None) -> tuple[SuiteArguments,
     return suite_args, tuple(options)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """CLI entry point: ``robust-pretrain-suite [--family glue] --checkpoints A B --output_dir DIR ...``."""
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse the command line, run the suite, print and return its summary."""
     suite_args, options = parse_suite_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     summary = run_suite(suite_args, options)
     print(render_markdown(summary))
     return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-suite [--family glue] --checkpoints A B --output_dir DIR ...``): exit
+    status 2 and one paragraph for a bad option, checkpoint or data file."""
+    return run_console(run, argv, prog="robust-pretrain-suite")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robust_pretrain.cli import UsageError
+
 # family name -> module defining ``FAMILY``.
 FAMILY_MODULES: dict[str, str] = {"glue": "robust_pretrain.evaluation.glue_tasks"}
 _REGISTERED: dict[str, TaskFamily] = {}
@@ -124,7 +126,7 @@ class TaskFamily:
         for task in self.tasks:
             if _normalise(task.name) == wanted:
                 return task
-        raise ValueError(
+        raise UsageError(
             f"Unknown {self.name} task {name!r}; expected one of: {', '.join(task.name for task in self.tasks)}"
         )
 
@@ -146,6 +148,6 @@ def get_family(name: str) -> TaskFamily:
     """The registered family ``name``, importing its module on first use."""
     if name not in _REGISTERED:
         if name not in FAMILY_MODULES:
-            raise ValueError(f"Unknown task family {name!r}; expected one of: {', '.join(family_names())}")
+            raise UsageError(f"Unknown task family {name!r}; expected one of: {', '.join(family_names())}")
         register_family(importlib.import_module(FAMILY_MODULES[name]).FAMILY)
     return _REGISTERED[name]

@@ -15,6 +15,7 @@ from pathlib import Path
 import datasets
 from huggingface_hub import constants as hub_constants
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.glue.tasks import TaskSpec, get_task
 
 HUB_DATASET = "nyu-mll/glue"
@@ -48,10 +49,10 @@ def _column_positions(spec: TaskSpec, path: Path, header: list[str] | None) -> d
     if not spec.tsv_header:
         return {column: int(position) for column, position in spec.tsv_columns.items()}
     if header is None:
-        raise ValueError(f"GLUE task {spec.name}: {path} is empty (expected a header row)")
+        raise UsageError(f"GLUE task {spec.name}: {path} is empty (expected a header row)")
     missing = [str(name) for name in spec.tsv_columns.values() if name not in header]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"GLUE task {spec.name}: {path} lacks column(s) {missing}; its header is {header}. "
             f"Expected the original GLUE layout for {spec.glue_dir_name}."
         )
@@ -60,7 +61,7 @@ def _column_positions(spec: TaskSpec, path: Path, header: list[str] | None) -> d
 
 def _check_file(spec: TaskSpec, path: Path) -> dict[str, int]:
     if not path.is_file():
-        raise FileNotFoundError(
+        raise UsageError(
             f"GLUE task {spec.name}: {path} not found (expected <glue_dir>/{spec.glue_dir_name}/{path.name} "
             "in the original GLUE TSV layout)"
         )
@@ -80,9 +81,9 @@ def _parse_label(spec: TaskSpec, raw: str, where: str) -> int | float:
         try:
             return float(raw)
         except ValueError:
-            raise ValueError(f"GLUE task {spec.name}: {where}: score {raw!r} is not a number") from None
+            raise UsageError(f"GLUE task {spec.name}: {where}: score {raw!r} is not a number") from None
     if raw not in spec.tsv_label_values:
-        raise ValueError(
+        raise UsageError(
             f"GLUE task {spec.name}: {where}: label {raw!r} is not one of {list(spec.tsv_label_values)} "
             f"(labels {list(spec.label_names or ())}); is this the right file for {spec.name}?"
         )
@@ -104,13 +105,13 @@ def read_glue_tsv(task: str | TaskSpec, path: str | Path) -> datasets.Dataset:
         if not row:
             continue
         if len(row) < needed:
-            raise ValueError(f"GLUE task {spec.name}: {path}:{line} has {len(row)} fields, expected at least {needed}")
+            raise UsageError(f"GLUE task {spec.name}: {path}:{line} has {len(row)} fields, expected at least {needed}")
         for name in spec.text_columns:
             columns[name].append(row[positions[name]])
         columns["label"].append(_parse_label(spec, row[positions["label"]], f"{path}:{line}"))
         columns["idx"].append(len(columns["idx"]))
     if not columns["idx"]:
-        raise ValueError(f"GLUE task {spec.name}: {path} has no examples")
+        raise UsageError(f"GLUE task {spec.name}: {path} has no examples")
     return datasets.Dataset.from_dict(columns, features=glue_features(spec))
 
 
@@ -122,7 +123,7 @@ def load_glue(task: str, glue_dir: str | Path | None = None, cache_dir: str | No
             {split: read_glue_tsv(spec, path) for split, path in glue_files(spec, glue_dir).items()}
         )
     if hub_constants.HF_HUB_OFFLINE:
-        raise RuntimeError(
+        raise UsageError(
             f"GLUE task {spec.name}: no --glue_dir given and the Hub is offline (HF_HUB_OFFLINE=1); pass the "
             "directory holding the original GLUE TSV files"
         )

@@ -26,6 +26,7 @@ from transformers import (
 )
 from transformers.trainer_utils import SaveStrategy
 
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
 from robust_pretrain.glue.data import load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
@@ -71,7 +72,7 @@ class GlueDataArguments:
         for name in ("max_seq_length", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"--{name} must be a positive integer, got {value}")
+                raise UsageError(f"--{name} must be a positive integer, got {value}")
 
 
 @dataclass
@@ -104,18 +105,6 @@ class GlueTrainingArguments(TrainingArguments):
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the task's dev split(s) after training."})
 
 
-def check_checkpoint(name_or_path: str, required_file: str = "config.json") -> None:
-    """Fail early when a checkpoint given as a local path does not exist or lacks ``required_file``."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if not (path / required_file).is_file():
-            raise FileNotFoundError(f"{name_or_path!r} is a directory without {required_file} (not a model directory)")
-        return
-    looks_local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
-    if looks_local:
-        raise FileNotFoundError(f"checkpoint {name_or_path!r} does not exist or is not a model directory")
-
-
 # What an earlier run leaves that must not survive beside a new model (the rest is overwritten file by file).
 _STALE_OUTPUTS = ("checkpoint-*", "*.safetensors", "model.safetensors.index.json", "adapter_config.json", "*.bin",
                   "predict_results_*.txt")  # fmt: skip
@@ -128,7 +117,7 @@ def prepare_output_dir(output_dir: str | Path, overwrite: bool, delete_stale: bo
     existing = sorted(child.name for child in path.iterdir()) if path.is_dir() else []
     if existing and not overwrite:
         shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
-        raise FileExistsError(
+        raise UsageError(
             f"--output_dir {path} already holds files of an earlier run ({shown}); choose another --output_dir or "
             "pass --overwrite_output_dir true (deletes its checkpoint-* folders, weights and predictions first)"
         )
@@ -267,8 +256,7 @@ def run_finetune(
     """
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
-    if run_args.tokenizer_name:
-        check_checkpoint(run_args.tokenizer_name, required_file="tokenizer_config.json")
+    check_checkpoint(run_args.tokenizer_name, "--tokenizer_name", model=False)
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
     prepare_output_dir(training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save)
     set_seed(training_args.seed)
@@ -317,8 +305,8 @@ def run_finetune(
     return eval_metrics
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """CLI entry point: ``python recipes/finetune_glue.py [--config FILE] [--option value ...]``."""
+def run(argv: list[str]) -> dict[str, float]:
+    """Parse ``[--config FILE] [--option value ...]``, fine-tune and evaluate; returns the eval metrics."""
     parser = HfArgumentParser(
         (GlueRunArguments, GlueDataArguments, LoraArguments, GlueTrainingArguments),
         description="Fine-tune a checkpoint on a GLUE task. --config FILE (YAML/JSON) sets defaults for any option.",
@@ -327,3 +315,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     datasets.utils.logging.set_verbosity_warning()
     return run_finetune(run_args, data_args, lora_args, training_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-finetune-glue``): exit status 2 and one paragraph for a bad input."""
+    return run_console(run, argv, prog="robust-pretrain-finetune-glue")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from robust_pretrain.cli import UsageError
+
 # Hub split names -> file names in the original GLUE download.
 _DEV = {"validation": "dev.tsv"}
 
@@ -154,7 +156,7 @@ def get_task(name: str) -> TaskSpec:
     """Look a task up by name (case-insensitive, ``sst-2``/``sts-b`` spellings accepted)."""
     key = name.lower().replace("-", "")
     if key not in GLUE_TASKS:
-        raise ValueError(f"Unknown GLUE task {name!r}; expected one of: {', '.join(GLUE_TASKS)}")
+        raise UsageError(f"Unknown GLUE task {name!r}; expected one of: {', '.join(GLUE_TASKS)}")
     return GLUE_TASKS[key]
 
 
