@@ -43,7 +43,7 @@ TINY = [
     "--vocab_size", "1000",
     "--model_size", "tiny",
     "--max_train_samples", "64",
-    "--max_eval_samples", "32",
+    "--max_eval_samples", "128",
     "--per_device_train_batch_size", "8",
     "--per_device_eval_batch_size", "16",
     "--logging_steps", "1",
@@ -171,7 +171,7 @@ def test_from_scratch_writes_model_tokenizer_and_report(pretrained_run) -> None:
     assert all(0.0 <= w <= 1.0 for w in weights.values())
     assert sum(weights.values()) == pytest.approx(1.0, abs=1e-4)
     losses = report["eval_task_loss"]
-    assert set(losses) == set(TASKS)  # 32 held-out blocks of 128 tokens contain targets of every task
+    assert set(losses) == set(TASKS)  # 128 held-out blocks of 128 tokens: targets of every task
     assert all(math.isfinite(v) and 3.0 < v < 12.0 for v in losses.values())  # ~ln(1000) = 6.9 after 3 steps
     assert report["eval_mean_task_loss"] == pytest.approx(sum(losses.values()) / len(TASKS), rel=1e-6)
     assert report["eval_worst_task_loss"] == pytest.approx(max(losses.values()), rel=1e-6)
@@ -520,13 +520,16 @@ def _encoder_state(model) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k.startswith("bert.encoder.")}
 
 
-def test_continued_pretraining_of_minilm(tmp_path: Path, small_files) -> None:
+def test_continued_pretraining_of_minilm(tmp_path: Path, small_files, caplog) -> None:
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     output_dir = tmp_path / "minilm"
     args = ["--model_name_or_path", str(MINILM), "--max_steps", "2", "--max_seq_length", "64"]
     args += ["--train_file", str(small_files["train.txt"]), "--per_device_train_batch_size", "4"]
-    recipe.run(argv(output_dir, *args))
+    with caplog.at_level("INFO"):
+        recipe.run(argv(output_dir, *args))
+    # the load report lists the MLM head as missing: the log says why that is expected
+    assert f"{MINILM} has no masked-LM head: the 'cls' weights reported missing above start from random" in caplog.text
     trained = AutoModelForMaskedLM.from_pretrained(output_dir)
     original = AutoModelForMaskedLM.from_pretrained(MINILM)
     assert trained.config.vocab_size == original.config.vocab_size == 30522  # the checkpoint's tokenizer is kept
