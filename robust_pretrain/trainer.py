@@ -144,7 +144,7 @@ class MinimaxTrainer(Trainer):
         """
         if self.accelerator.num_processes == 1:
             return None
-        size = next(v.shape[0] for v in inputs.values() if torch.is_tensor(v) and v.dim())
+        size = batch_size(inputs)
         rank = self.accelerator.process_index
         owners = self.accelerator.gather_for_metrics(torch.full((size,), rank, device=self.args.device))
         unique = int((owners == rank).sum())
@@ -395,9 +395,14 @@ class _LearnableWeightsCallback(TrainerCallback):
             param.grad = None
 
 
+def batch_size(inputs: dict[str, Any]) -> int:
+    """Leading dimension of the batch's first tensor."""
+    return next(v.shape[0] for v in inputs.values() if torch.is_tensor(v) and v.dim())
+
+
 def first_rows(inputs: dict[str, Any], rows: int) -> dict[str, Any]:
     """The batch restricted to its first ``rows`` examples (tensors sharing the batch dimension are sliced)."""
-    size = next(v.shape[0] for v in inputs.values() if torch.is_tensor(v) and v.dim())
+    size = batch_size(inputs)
     return {k: v[:rows] if torch.is_tensor(v) and v.dim() and v.shape[0] == size else v for k, v in inputs.items()}
 
 
