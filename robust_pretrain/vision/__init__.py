@@ -19,6 +19,13 @@ _LAZY = {
     "MultiMAEForSemanticSegmentation": "robust_pretrain.vision.modeling_multimae",
     "MultiMAEForDepthEstimation": "robust_pretrain.vision.modeling_multimae",
     "ModalityMaskCollator": "robust_pretrain.vision.collator",
+    "MultiMAEImageProcessor": "robust_pretrain.vision.image_processing_multimae",
+    "MultiMAETransform": "robust_pretrain.vision.image_processing_multimae",
+    "SceneConfig": "robust_pretrain.vision.scenes",
+    "generate_scenes": "robust_pretrain.vision.scenes",
+    "load_image_folder": "robust_pretrain.vision.loaders",
+    "load_mapped_dataset": "robust_pretrain.vision.loaders",
+    "pseudo_label": "robust_pretrain.vision.pseudo_label",
 }
 __all__ = sorted(_LAZY)
 
