@@ -246,3 +246,29 @@ def test_bad_settings_are_reported():
         ModalityMaskCollator(num_visible_tokens=0, patch_size=2)
     with pytest.raises(ValueError, match="distinct names"):
         ModalityMaskCollator(num_visible_tokens=8, patch_size=2, modalities=("rgb", "rgb"))
+
+
+def test_scenes_processor_collator_and_model_fit_together():
+    """The data path end to end: generated scenes -> MultiMAETransform -> ModalityMaskCollator -> MM-MAE losses."""
+    from tiny_vision import IMAGE, PATCH, tiny_config
+
+    from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+    from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+    from robust_pretrain.vision.scenes import NUM_CLASSES, SceneConfig, generate_scenes
+
+    dataset = generate_scenes(4, config=SceneConfig(image_size=24))
+    transform = MultiMAETransform(MultiMAEImageProcessor(size=IMAGE, num_classes=NUM_CLASSES), train=True)
+    dataset.set_transform(transform)
+    collator = ModalityMaskCollator(num_visible_tokens=10, patch_size=PATCH, alpha=1.0)
+    batch = next(iter(DataLoader(dataset, batch_size=4, collate_fn=collator)))
+    assert batch["rgb"].shape == (4, 3, IMAGE, IMAGE) and batch["semseg"].max() < NUM_CLASSES
+    model = MultiMAEForPreTraining(tiny_config(modalities=[
+        {"name": "rgb", "kind": "rgb"}, {"name": "depth", "kind": "depth"},
+        {"name": "semseg", "kind": "semseg", "num_classes": NUM_CLASSES},
+    ]))
+    output = model(**batch)
+    assert set(output.task_losses) == {"rgb", "depth", "semseg"}
+    assert all(torch.isfinite(loss) for loss in output.task_losses.values())
+    # Scenes label every pixel and have valid depth everywhere: each hidden patch's pixels are all targets.
+    for name in ("depth", "semseg"):
+        assert output.task_counts[name] == batch[f"mask_{name}"].sum().item() * PATCH * PATCH
