@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, random_batch, tiny_config
 from torch.nn import functional as F
-from transformers import ViTConfig, ViTForImageClassification, ViTModel
+from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification, ViTModel
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.vision.export import export_vit
@@ -204,6 +204,23 @@ def test_auto_classes_load_the_checkpoint_in_a_fresh_interpreter(tmp_path):
     assert report["losses"] == pytest.approx(expected, rel=1e-6)
 
 
+def test_registration_is_lazy_and_independent_of_import_order():
+    light = "import sys, robust_pretrain; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    transformers_first = (
+        "from transformers import AutoConfig, AutoModelForSemanticSegmentation\n"
+        "import robust_pretrain\n"
+        "from robust_pretrain.vision.configuration_multimae import MultiMAEConfig\n"
+        "print([type(AutoConfig.for_model('multimae')).__name__,"
+        " AutoModelForSemanticSegmentation._model_mapping[MultiMAEConfig].__name__])"
+    )
+    outputs = []
+    for script in (light, transformers_first):
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.strip().splitlines()[-1])
+    assert outputs == ["[]", "['MultiMAEConfig', 'MultiMAEForSemanticSegmentation']"]
+
+
 def test_vit_export_round_trip(tmp_path):
     model = tiny_model(seed=3, image_size=[IMAGE, 2 * IMAGE])
     with torch.no_grad():  # move the weights away from their initial values, global token included
@@ -268,3 +285,37 @@ def test_encoder_loads_from_pretraining_checkpoint(tmp_path):
     encoder = MultiMAEModel.from_pretrained(tmp_path)
     for key, value in encoder.state_dict().items():
         assert torch.equal(value, model.multimae.state_dict()[key]), key
+
+
+def test_plain_trainer_evaluates_and_predicts(tmp_path):
+    model = tiny_model()
+    batch = random_batch(batch=6)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to=[], use_cpu=True, disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    trainer = Trainer(model=model, args=args, eval_dataset=_Examples(batch))
+    with torch.no_grad():
+        first = model(**{k: v[:4] for k, v in batch.items()})
+        second = model(**{k: v[4:] for k, v in batch.items()})
+    expected = (4 * float(first.loss) + 2 * float(second.loss)) / 6
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    predictions = trainer.predict(_Examples(batch)).predictions
+    assert {k: v.shape for k, v in predictions.items()} == {
+        "rgb": (6, 3, IMAGE, IMAGE), "depth": (6, 1, IMAGE, IMAGE), "semseg": (6, NUM_CLASSES, IMAGE, IMAGE)
+    }
+    assert predictions["depth"][4:] == pytest.approx(second.predictions["depth"].numpy(), abs=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    model = tiny_model().train()
+    batch = random_batch()
+    model(**batch).loss.backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    layers = [*model.multimae.layers, *(layer for decoder in model.decoders.values() for layer in decoder.layers)]
+    assert all(layer.gradient_checkpointing for layer in layers)
+    model(**batch).loss.backward()
+    for name, grad in reference.items():
+        assert torch.allclose(dict(model.named_parameters())[name].grad, grad, atol=1e-6), name

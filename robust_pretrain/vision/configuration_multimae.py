@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PretrainedConfig
@@ -92,6 +92,9 @@ class MultiMAEConfig(PretrainedConfig):
     """
 
     model_type = "multimae"
+    # What Trainer.evaluate/predict skip: per-task scalars and counts (the MinimaxTrainer reports task losses itself)
+    # and hidden states; the reconstructions (``predictions``) are the pre-training model's "logits".
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["task_losses", "task_counts", "hidden_states"]
 
     modalities: list | None = None
     image_size: int | list[int] | tuple[int, int] = 224

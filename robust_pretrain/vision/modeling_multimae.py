@@ -399,8 +399,11 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
         mask_semseg: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        return_loss: bool = True,
         **other_modalities: torch.Tensor,
     ) -> MultiMAEForPreTrainingOutput | tuple:
+        """``return_loss=False`` leaves ``loss`` unset (``task_losses`` are always computed); its default tells the
+        ``Trainer`` that this label-free model returns an evaluation loss."""
         named = {"rgb": rgb, "depth": depth, "semseg": semseg}
         named.update({"mask_rgb": mask_rgb, "mask_depth": mask_depth, "mask_semseg": mask_semseg})
         inputs, masks = self._collect_modalities(
@@ -451,7 +454,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
         with_targets = [task_losses[name] for name in present if task_counts[name] > 0]
         loss = torch.stack(with_targets).mean() if with_targets else sum(task_losses.values())
         output = MultiMAEForPreTrainingOutput(
-            loss=loss,
+            loss=loss if return_loss else None,
             task_losses=task_losses,
             task_counts=task_counts,
             predictions=predictions,
