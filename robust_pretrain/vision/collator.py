@@ -109,7 +109,7 @@ class ModalityMaskCollator:
         return ranks >= counts[:, None]
 
     def _stack(self, name: str, features: Sequence[Mapping[str, Any]]) -> torch.Tensor:
-        values = [None if f.get(name) is None else torch.as_tensor(np.asarray(f[name])) for f in features]
+        values = [None if f.get(name) is None else _as_tensor(f[name]) for f in features]
         reference = next(v for v in values if v is not None)
         for row, value in enumerate(values):
             if value is not None and value.shape != reference.shape:
@@ -139,6 +139,10 @@ class ModalityMaskCollator:
                 "multiple of the patch size"
             )
         return (height // patch_h) * (width // patch_w)
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
 
 
 def split_budget(proportions: np.ndarray, budget: int, caps: np.ndarray, rng: np.random.Generator) -> np.ndarray:
