@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification, ViTModel
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.vision.configuration_multimae import ModalitySpec
 from robust_pretrain.vision.export import export_vit
 from robust_pretrain.vision.export import main as export_main
 from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, MultiMAEModel
@@ -145,6 +146,23 @@ def test_unequal_visible_counts_are_padded_without_leaking():
         alone = model(**single)
         for name in ("rgb", "depth", "semseg"):
             assert torch.allclose(batched.predictions[name][row], alone.predictions[name][0], atol=1e-5), name
+
+
+def test_modalities_are_configuration():
+    """Other names and a subset of kinds: the names are the batch keys and the task names."""
+    specs = [ModalitySpec("image", "rgb", norm_pix_loss=False), ModalitySpec("height", "depth")]
+    model = tiny_model(modalities=specs)
+    assert model.config.task_names == ["image", "height"]
+    batch = random_batch(modalities=("rgb", "depth"))
+    renamed = {"image": batch["rgb"], "mask_image": batch["mask_rgb"], "height": batch["depth"]}
+    renamed["mask_height"] = batch["mask_depth"]
+    out = model(**renamed)
+    assert set(out.task_losses) == {"image", "height"}
+    hidden = pixel_mask(batch["mask_rgb"])[:, None].expand_as(batch["rgb"])
+    squared_error = (out.predictions["image"].detach() - batch["rgb"]) ** 2  # raw pixels: norm_pix_loss=False
+    assert float(out.task_losses["image"]) == pytest.approx(float(squared_error[hidden].mean()), rel=1e-5)
+    with pytest.raises(TypeError, match="unexpected input 'rgb'"):
+        model(rgb=batch["rgb"])
 
 
 def test_bad_inputs_are_clear_errors():

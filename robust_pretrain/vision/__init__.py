@@ -19,6 +19,7 @@ _LAZY = {
     "MultiMAEForSemanticSegmentation": "robust_pretrain.vision.modeling_multimae",
     "MultiMAEForDepthEstimation": "robust_pretrain.vision.modeling_multimae",
     "ModalityMaskCollator": "robust_pretrain.vision.collator",
+    "export_vit": "robust_pretrain.vision.export",
     "MultiMAEImageProcessor": "robust_pretrain.vision.image_processing_multimae",
     "MultiMAETransform": "robust_pretrain.vision.image_processing_multimae",
     "SceneConfig": "robust_pretrain.vision.scenes",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -244,20 +243,21 @@ class MultiMAEPreTrainedModel(PreTrainedModel):
             init.normal_(module.modality_embeddings, std=std)
 
     def _collect_modalities(
-        self, named: dict[str, torch.Tensor | None], extra: dict[str, Any], allowed: list[str]
+        self, values: dict[str, torch.Tensor | None], allowed: list[str]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Split keyword inputs into ``{modality: tensor}`` and ``{modality: mask}``; unknown keys are an error."""
-        values = {**named, **extra}
+        """Split keyword inputs into ``{modality: tensor}`` and ``{modality: mask}``; ``None`` values are absent,
+        other keys than the ``allowed`` modalities (and their ``mask_<name>``) are an error."""
         inputs, masks = {}, {}
         for key, value in values.items():
+            if value is None:
+                continue
             name = key[len("mask_") :] if key.startswith("mask_") else key
             if name not in allowed:
                 raise TypeError(
                     f"{type(self).__name__}.forward got an unexpected input {key!r}; its modalities are {allowed} "
                     "(each optionally with mask_<name>)"
                 )
-            if value is not None:
-                (masks if key.startswith("mask_") else inputs)[name] = value
+            (masks if key.startswith("mask_") else inputs)[name] = value
         orphan = sorted(set(masks) - set(inputs))
         if orphan:
             raise ValueError(f"masks given for modalities {orphan} that are not in the batch")
@@ -292,10 +292,10 @@ class MultiMAEModel(MultiMAEPreTrainedModel):
         return_dict: bool | None = None,
         **other_modalities: torch.Tensor,
     ) -> MultiMAEModelOutput | tuple:
-        named = {"rgb": rgb, "depth": depth, "semseg": semseg}
-        named.update({"mask_rgb": mask_rgb, "mask_depth": mask_depth, "mask_semseg": mask_semseg})
         inputs, masks = self._collect_modalities(
-            {k: v for k, v in named.items() if v is not None}, other_modalities, self.config.task_names
+            dict(rgb=rgb, depth=depth, semseg=semseg, mask_rgb=mask_rgb, mask_depth=mask_depth, mask_semseg=mask_semseg)
+            | other_modalities,
+            self.config.task_names,
         )
         output = self.encode(inputs, masks, output_hidden_states=output_hidden_states)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -404,10 +404,10 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
     ) -> MultiMAEForPreTrainingOutput | tuple:
         """``return_loss=False`` leaves ``loss`` unset (``task_losses`` are always computed); its default tells the
         ``Trainer`` that this label-free model returns an evaluation loss."""
-        named = {"rgb": rgb, "depth": depth, "semseg": semseg}
-        named.update({"mask_rgb": mask_rgb, "mask_depth": mask_depth, "mask_semseg": mask_semseg})
         inputs, masks = self._collect_modalities(
-            {k: v for k, v in named.items() if v is not None}, other_modalities, self.config.task_names
+            dict(rgb=rgb, depth=depth, semseg=semseg, mask_rgb=mask_rgb, mask_depth=mask_depth, mask_semseg=mask_semseg)
+            | other_modalities,
+            self.config.task_names,
         )
         encoder = self.multimae
         batch, grid_h, grid_w = encoder.grid_size(inputs)
@@ -512,7 +512,7 @@ class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
     ) -> tuple[MultiMAEModelOutput, tuple[int, int], tuple[int, int]]:
         """Encode; returns the encoder output, the patch grid and the image size."""
         allowed = list(self.config.finetune_modalities)
-        inputs = {name: value for name, value in modality_inputs.items() if value is not None}
+        inputs, masks = self._collect_modalities(modality_inputs, allowed)
         if pixel_values is not None:
             rgb_name = next((n for n in allowed if self.config.modality(n).kind == "rgb"), None)
             if rgb_name is None:
@@ -520,7 +520,6 @@ class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
             if rgb_name in inputs:
                 raise ValueError(f"give the RGB input once, as pixel_values or as {rgb_name!r}")
             inputs[rgb_name] = pixel_values
-        inputs, masks = self._collect_modalities({}, inputs, allowed)
         missing = [name for name in allowed if name not in inputs]
         if masks or missing:
             raise ValueError(
