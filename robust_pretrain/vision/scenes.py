@@ -308,14 +308,16 @@ def render_scene(scene: Scene, config: SceneConfig, rng: np.random.Generator | N
     semseg = np.zeros(len(rays), dtype=np.uint8)
     normals = np.zeros_like(rays)
     albedo = np.zeros_like(rays)
-    plane_uv = (points[:, [0, 2]], points[:, [0, 1]], points[:, [2, 1]], points[:, [2, 1]])
+    plane_axes = ([0, 2], [0, 1], [2, 1], [2, 1])  # texture coordinates of the floor, back wall, side walls
+    order = np.argsort(nearest, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(nearest, minlength=len(surfaces)))])
     for index, (_, normal, uv, kind, material) in enumerate(surfaces):
-        selected = nearest == index
-        if not selected.any():
+        pixels = order[bounds[index] : bounds[index + 1]]
+        if not len(pixels):
             continue
-        semseg[selected] = kind
-        normals[selected] = normal[selected] if uv is not None else normal
-        albedo[selected] = _albedo(material, (uv if uv is not None else plane_uv[index])[selected])
+        semseg[pixels] = kind
+        normals[pixels] = normal[pixels] if uv is not None else normal
+        albedo[pixels] = _albedo(material, uv[pixels] if uv is not None else points[pixels][:, plane_axes[index]])
     for decal in scene.decals:
         if decal.kind == RUG:
             covered = (nearest == 0) & (np.hypot(points[:, 0] - decal.center[0], points[:, 2] - decal.center[1])
