@@ -104,6 +104,7 @@ class MultiMAEImageProcessor(BaseImageProcessor):
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
 
     def __call__(self, images: Any = None, *args: Any, **kwargs: Any) -> BatchFeature:
+        """:meth:`preprocess`; unlike the base class, ``images`` (RGB) may be left out (depth / semseg only)."""
         return self.preprocess(images, *args, **kwargs)
 
     def preprocess(
@@ -118,8 +119,9 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         return_tensors: str | None = "pt",
     ) -> BatchFeature:
         """Process one example or a batch (lists); ``images`` is the RGB modality. ``names`` label the examples in
-        error messages. Returns a ``BatchFeature`` with ``rgb`` (B,3,H,W), ``depth`` (B,1,H,W), ``semseg`` (B,H,W)
-        for the modalities given."""
+        error messages. ``train=True`` augments, drawing from ``generators`` (one per example; fresh OS entropy if
+        not given). Returns a ``BatchFeature`` with ``rgb`` (B,3,H,W), ``depth`` (B,1,H,W), ``semseg`` (B,H,W) for
+        the modalities given."""
         given = {name: value for name, value in zip(MODALITIES, (images, depth, semseg), strict=True)
                  if value is not None}
         if not given:
@@ -131,6 +133,8 @@ class MultiMAEImageProcessor(BaseImageProcessor):
             raise ValueError(f"modalities hold different numbers of examples: {counts}")
         if train and generators is None:
             generators = [np.random.default_rng() for _ in range(count)]
+        if train and len(generators) != count:
+            raise ValueError(f"got {len(generators)} generators for {count} examples")
         examples = [
             self.process_example({name: v[i] for name, v in batched.items()}, train=train,
                                  rng=generators[i] if train else None, name=names[i] if names else f"#{i}")
