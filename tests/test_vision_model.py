@@ -8,17 +8,27 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import save_file
 from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, random_batch, tiny_config
 from torch.nn import functional as F
-from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification, ViTModel
+from transformers import (
+    AutoImageProcessor,
+    Trainer,
+    TrainingArguments,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTModel,
+)
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.vision.configuration_multimae import ModalitySpec
 from robust_pretrain.vision.export import export_vit
 from robust_pretrain.vision.export import main as export_main
+from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
 from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, MultiMAEModel
 
 
@@ -252,11 +262,18 @@ def test_vit_export_round_trip(tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
     _, info = ViTForImageClassification.from_pretrained(tmp_path / "vit", num_labels=3, output_loading_info=True)
     assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]
-    # The command line path: from a saved pre-training checkpoint; it never overwrites a non-ViT checkpoint.
+    assert not (tmp_path / "vit" / "preprocessor_config.json").exists()  # a model object carries no processor
+    # The command line path: from a saved pre-training checkpoint with its processor, which becomes ViT's.
     model.save_pretrained(tmp_path / "mmmae")
+    mean, std = [0.3, 0.4, 0.5], [0.2, 0.25, 0.3]
+    MultiMAEImageProcessor(size=(IMAGE, 2 * IMAGE), image_mean=mean, image_std=std).save_pretrained(tmp_path / "mmmae")
     export_main([str(tmp_path / "mmmae"), str(tmp_path / "vit2")])
-    assert torch.allclose(ViTModel.from_pretrained(tmp_path / "vit2", add_pooling_layer=False)(rgb).last_hidden_state,
-                          theirs, atol=1e-6, rtol=0)
+    vit2 = ViTModel.from_pretrained(tmp_path / "vit2", add_pooling_layer=False)
+    assert torch.allclose(vit2(rgb).last_hidden_state, theirs, atol=1e-6, rtol=0)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (IMAGE, 2 * IMAGE, 3), dtype=np.uint8))
+    vit_pixels = AutoImageProcessor.from_pretrained(tmp_path / "vit2")(image, return_tensors="pt")["pixel_values"]
+    ours = MultiMAEImageProcessor.from_pretrained(tmp_path / "mmmae")(image)["rgb"]
+    assert torch.allclose(vit_pixels, ours, atol=1e-5)
     with pytest.raises(FileExistsError, match=r"holds another \(non-ViT\) checkpoint"):
         export_main([str(tmp_path / "mmmae"), str(tmp_path / "mmmae")])
     assert json.loads((tmp_path / "mmmae" / "config.json").read_text())["model_type"] == "multimae"

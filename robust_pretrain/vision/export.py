@@ -4,7 +4,8 @@ The encoder with one global token computes exactly what ``ViTModel`` computes on
 becomes the [CLS] token (position embedding 0), the fixed sine-cosine table at ``config.image_size`` becomes ViT's
 ``position_embeddings``, the RGB patch projection becomes ViT's patch projection, and the ViT layers and final
 layer norm carry over unchanged. ``ViTModel`` / ``ViTForImageClassification.from_pretrained`` then load the output
-without custom code (the pooler, which MM-MAE lacks, and any classifier are initialised as usual).
+without custom code (the pooler, which MM-MAE lacks, and any classifier are initialised as usual). Only the RGB
+(or the named pixel) modality's projection is exported; the other modalities and the decoders are not.
 
 Command line: ``python -m robust_pretrain.vision.export <MM-MAE checkpoint> <output dir> [--modality rgb]``.
 """
@@ -18,7 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import ViTConfig, ViTModel
+from transformers import AutoImageProcessor, BaseImageProcessor, ViTConfig, ViTModel
+from transformers.image_utils import PILImageResampling
+from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
 from .configuration_multimae import MultiMAEConfig
 from .modeling_multimae import MultiMAEModel, MultiMAEPreTrainedModel, sincos_position_embedding
@@ -69,20 +72,41 @@ def encoder_to_vit(model: MultiMAEPreTrainedModel, modality: str | None = None) 
     return vit
 
 
+def vit_image_processor(processor: BaseImageProcessor) -> ViTImageProcessorPil:
+    """ViT's image processor doing what ``processor`` (an MM-MAE image processor) does to RGB at evaluation: resize
+    (bilinear) to its ``size``, scale to [0, 1], normalise with its ``image_mean`` / ``image_std``."""
+    return ViTImageProcessorPil(
+        size=dict(processor.size),
+        image_mean=list(processor.image_mean),
+        image_std=list(processor.image_std),
+        resample=PILImageResampling.BILINEAR,
+    )
+
+
 def export_vit(
     model_or_path: MultiMAEPreTrainedModel | str | os.PathLike,
     output_dir: str | os.PathLike,
     modality: str | None = None,
 ) -> Path:
-    """Write the encoder of an MM-MAE model (or checkpoint directory) as a ViT checkpoint; returns ``output_dir``."""
-    model = model_or_path
-    if not isinstance(model, MultiMAEPreTrainedModel):
-        model = MultiMAEModel.from_pretrained(model_or_path)
+    """Write the encoder of an MM-MAE model (or checkpoint) as a ViT checkpoint; returns ``output_dir``.
+
+    Given a checkpoint with a ``preprocessor_config.json``, the output also gets the matching ViT image processor,
+    so ``pipeline(..., model=output_dir)`` prepares images as the MM-MAE processor does at evaluation.
+    """
     output = Path(output_dir)
     existing = output / "config.json"
     if existing.is_file() and json.loads(existing.read_text()).get("model_type") != "vit":
         raise FileExistsError(f"{output} holds another (non-ViT) checkpoint; export to a new directory")
+    model, processor = model_or_path, None
+    if not isinstance(model, MultiMAEPreTrainedModel):
+        model = MultiMAEModel.from_pretrained(model_or_path)
+        try:
+            processor = AutoImageProcessor.from_pretrained(model_or_path)
+        except OSError:  # a checkpoint without preprocessor_config.json
+            processor = None
     encoder_to_vit(model, modality).save_pretrained(output)
+    if processor is not None:
+        vit_image_processor(processor).save_pretrained(output)
     return output
 
 
