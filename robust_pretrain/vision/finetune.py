@@ -1,0 +1,787 @@
+"""Fine-tune an MM-MAE (or exported ViT) checkpoint on one downstream vision task and evaluate it.
+
+    accelerate launch recipes/finetune_dense.py --task semseg --model_name_or_path <MM-MAE output dir> \
+        --output_dir runs/semseg [--image_folder DIR | --dataset_name NAME --column_mapping rgb=image semseg=label]
+
+Tasks: ``semseg`` (:class:`MultiMAEForSemanticSegmentation`, mIoU), ``depth`` (:class:`MultiMAEForDepthEstimation`,
+δ1 and the NYUv2 errors), ``classification`` (:class:`MultiMAEForImageClassification` or, for a ViT checkpoint such
+as one written by :mod:`robust_pretrain.vision.export`, ``ViTForImageClassification``; top-1/top-5). The input is
+RGB (the paper); ``--input_modalities rgb depth`` feeds depth too (MM-MAE checkpoints, not the depth task).
+
+Data: the generated scenes' downstream splits (``downstream_train`` / ``downstream_test``, never seen in
+pre-training) by default; a folder layout ``<root>/<split>/{rgb,depth,semseg}/<id>.<ext>`` (classification: a
+``<root>/<split>/labels.csv`` with columns ``id,label``); or a ``datasets`` dataset with ``--column_mapping``.
+Every image is checked before training (unreadable files, label maps of another aspect ratio, class ids outside the
+classes, depth maps without a valid pixel, an empty evaluation split), each error naming the file or option.
+
+Protocol (MultiMAE's fine-tuning settings): AdamW, peak lr 1e-4, weight decay 0.05 (none on biases, norms and
+tokens), layer-wise lr decay 0.75 (``--layer_decay 1`` turns it off), linear warm-up then cosine decay; training
+crops are random resized crops and flips shared by image and target. ``--use_lora`` trains LoRA adapters on the
+encoder's attention and the whole head (both saved).
+
+Outputs in ``output_dir``: the model (or adapter + head) and image processor, ``train_results.json`` /
+``eval_results.json`` / ``all_results.json`` (``eval_mean_iou``, ``eval_iou_<class>``, ``eval_delta1``, ...,
+``eval_top1_accuracy``), ``predictions_<task>.npz`` (per eval image: id, prediction, label; :func:`recompute_metrics`
+recomputes the reported scores from it), for classification also ``predict_results_classification.txt``,
+``predictions.png`` (input / prediction / target for a few eval images) and a model card ``README.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import (
+    EvalPrediction,
+    HfArgumentParser,
+    PretrainedConfig,
+    PreTrainedModel,
+    Trainer,
+    TrainingArguments,
+    ViTForImageClassification,
+    set_seed,
+)
+from transformers.trainer_utils import SaveStrategy, SchedulerType
+
+from robust_pretrain.cli import UsageError, check_checkpoint, looks_like_path, run_console
+from robust_pretrain.config import parse_with_config
+from robust_pretrain.finetuning import LoraArguments, prepare_output_dir
+from robust_pretrain.seeding import SetEpochCallback
+from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+from robust_pretrain.vision.metrics import load_vision_metric
+from robust_pretrain.vision.modeling_multimae import (
+    MultiMAEForDepthEstimation,
+    MultiMAEForImageClassification,
+    MultiMAEForSemanticSegmentation,
+)
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("semseg", "depth", "classification")
+PRIMARY_METRICS = {"semseg": "mean_iou", "depth": "delta1", "classification": "top1_accuracy"}
+MULTIMAE_HEADS = {
+    "semseg": (MultiMAEForSemanticSegmentation, ["neck", "head"]),
+    "depth": (MultiMAEForDepthEstimation, ["neck", "head"]),
+    "classification": (MultiMAEForImageClassification, ["classifier"]),
+}
+PREDICTIONS_PLOT = "predictions.png"
+LABELS_FILE = "labels.csv"
+SCENE_SPLITS = ("downstream_train", "downstream_test")
+_STALE_OUTPUTS = ("predictions_*.npz", "predict_results_*.txt", PREDICTIONS_PLOT)
+_NO_WEIGHT_DECAY = re.compile(r"global_tokens|cls_token|position_embeddings")
+_ENCODER_LAYER = re.compile(r"(?:^|\.)(?:multimae\.layers|encoder\.layer)\.(\d+)\.")
+_EMBEDDINGS = re.compile(r"(?:^|\.)(?:multimae|vit)\.embeddings\.")
+
+
+@dataclass
+class DenseRunArguments:
+    """What to fine-tune on which task."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "MM-MAE checkpoint (a pre-training output) or ViT checkpoint: local directory or Hub id."}
+    )
+    task: str = field(metadata={"help": f"Downstream task: {', '.join(TASKS)}.", "choices": list(TASKS)})
+    input_modalities: list[str] = field(
+        default_factory=lambda: ["rgb"],
+        metadata={"help": "Inputs (MM-MAE): rgb (the paper), optionally depth (not for --task depth)."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Write into an output_dir holding an earlier run (its weights and predictions go first)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise UsageError(f"--task {self.task!r} is not a known task; expected one of: {', '.join(TASKS)}")
+        if "rgb" not in self.input_modalities or not set(self.input_modalities) <= {"rgb", "depth"}:
+            raise UsageError(f"--input_modalities {self.input_modalities}: rgb, optionally with depth")
+        if self.task == "depth" and "depth" in self.input_modalities:
+            raise UsageError("--input_modalities: the depth task cannot read its own target (depth) as input")
+
+
+@dataclass
+class DenseDataArguments:
+    """Where the images come from, how they are prepared and how much of them is used."""
+
+    image_folder: str | None = field(
+        default=None, metadata={"help": "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext> (+ labels.csv)."}
+    )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Dataset on the Hub or a local dataset folder (datasets.load_dataset)."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of dataset_name."})
+    column_mapping: list[str] = field(
+        default_factory=list,
+        metadata={"help": "dataset_name columns as target=column, e.g. rgb=image semseg=annotation label=label."},
+    )
+    train_split: str | None = field(
+        default=None, metadata={"help": "Training split (default: train; generated scenes: downstream_train)."}
+    )
+    eval_split: str | None = field(
+        default=None,
+        metadata={"help": "Evaluation split (default: validation, else test; generated scenes: downstream_test)."},
+    )
+    num_train_scenes: int = field(default=512, metadata={"help": "Generated scenes: training images."})
+    num_eval_scenes: int = field(default=64, metadata={"help": "Generated scenes: evaluation images."})
+    scene_size: int = field(default=64, metadata={"help": "Generated scenes: rendered side in pixels."})
+    scene_seed: int = field(default=0, metadata={"help": "Generated scenes: seed of the downstream scenes."})
+    image_size: int | None = field(
+        default=None, metadata={"help": "Side of the square model input (default: the checkpoint's image_size)."}
+    )
+    num_labels: int | None = field(
+        default=None,
+        metadata={"help": "Classes (semseg: class ids 0..N-1; default from the scenes / dataset / class_names)."},
+    )
+    class_names: list[str] | None = field(default=None, metadata={"help": "Class names, in class-id order."})
+    ignore_index: int = field(default=255, metadata={"help": "Class id of unlabelled semseg pixels."})
+    depth_scale: float = field(default=1000.0, metadata={"help": "Integer depth units per metre (1000: millimetres)."})
+    min_depth: float = field(default=1e-3, metadata={"help": "Depth metrics: smallest valid depth (metres)."})
+    max_depth: float | None = field(default=10.0, metadata={"help": "Depth metrics: depth cap (metres; NYUv2: 10)."})
+    crop_scale: list[float] = field(
+        default_factory=lambda: [0.5, 1.0], metadata={"help": "Training random resized crop: area fraction range."}
+    )
+    flip_probability: float = field(default=0.5, metadata={"help": "Training horizontal flip probability."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training images."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N evaluation images."})
+    num_prediction_images: int = field(default=4, metadata={"help": "Evaluation images shown in predictions.png."})
+
+    def __post_init__(self) -> None:
+        if self.image_folder is not None and self.dataset_name is not None:
+            raise UsageError("give --image_folder or --dataset_name, not both")
+        if self.column_mapping and self.dataset_name is None:
+            raise UsageError("--column_mapping applies to --dataset_name only")
+        for name in ("num_train_scenes", "num_eval_scenes", "scene_size", "image_size", "num_labels",
+                     "max_train_samples", "max_eval_samples"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name} must be a positive integer, got {value}")
+        if self.class_names is not None and self.num_labels not in (None, len(self.class_names)):
+            raise UsageError(f"--num_labels {self.num_labels} differs from the {len(self.class_names)} --class_names")
+        if self.num_prediction_images < 0:
+            raise UsageError(f"--num_prediction_images must be >= 0, got {self.num_prediction_images}")
+
+    def mapping(self) -> dict[str, str]:
+        """``--column_mapping`` as {target: column}."""
+        pairs = [item.partition("=") for item in self.column_mapping]
+        if not all(target and sep and column for target, sep, column in pairs):
+            raise UsageError(f"--column_mapping entries look like target=column, got {self.column_mapping}")
+        return {target: column for target, _, column in pairs}
+
+
+@dataclass
+class DenseTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` with MultiMAE's fine-tuning defaults; trains, evaluates, saves the final model."""
+
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate (MultiMAE: 1e-4)."})
+    weight_decay: float = field(default=0.05, metadata={"help": "AdamW weight decay (MultiMAE: 0.05)."})
+    layer_decay: float = field(
+        default=0.75,
+        metadata={"help": "Layer-wise lr decay: encoder layer l of L gets lr * layer_decay**(L + 1 - l); 1 = off."},
+    )
+    warmup_steps: float = field(
+        default=0.1, metadata={"help": "Warm-up: ratio of total steps if < 1, else a step count."}
+    )
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Schedule after warm-up (cosine)."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Training batch size per device."})
+    num_train_epochs: float = field(default=20.0, metadata={"help": "Training epochs (unless max_steps > 0)."})
+    save_strategy: SaveStrategy | str = field(
+        default="no", metadata={"help": "Intermediate checkpoints ('no', 'epoch', 'steps'); the final model is saved."}
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: the image columns are turned into model inputs by the collator."}
+    )
+    label_names: list[str] | None = field(
+        default_factory=lambda: ["labels"], metadata={"help": "Batch keys holding the targets."}
+    )
+    do_train: bool = field(default=True, metadata={"help": "Fine-tune (disable to only evaluate the checkpoint)."})
+    do_eval: bool = field(default=True, metadata={"help": "Evaluate on the evaluation split after training."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.layer_decay <= 1:
+            raise UsageError(f"--layer_decay must be in (0, 1], got {self.layer_decay}")
+        if self.remove_unused_columns:
+            raise UsageError("--remove_unused_columns must stay false: the collator reads the image columns")
+
+
+@dataclass
+class DenseLoraArguments(LoraArguments):
+    """LoRA on the attention projections of the ViT layers (the head is trained fully and saved with the adapter)."""
+
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "v_proj"], metadata={"help": "Module names that get LoRA adapters."}
+    )
+
+
+# --------------------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class TaskData:
+    """The checked training and evaluation images of one task and its classes (None for depth)."""
+
+    train: datasets.Dataset
+    evaluation: datasets.Dataset
+    label_names: list[str] | None
+    description: str
+
+
+def target_column(task: str) -> str:
+    return {"semseg": "semseg", "depth": "depth", "classification": "label"}[task]
+
+
+def _limit(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
+    return dataset if count is None else dataset.select(range(min(count, len(dataset))))
+
+
+def _default_split(
+    available: Sequence[str], chosen: str | None, default: Sequence[str], option: str, where: str
+) -> str:
+    if chosen is not None:
+        if chosen not in available:
+            raise UsageError(f"{option} {chosen!r}: {where} has no such split (splits: {sorted(available)})")
+        return chosen
+    found = next((name for name in default if name in available), None)
+    if found is None:
+        raise UsageError(f"{where} has none of the splits {list(default)} (splits: {sorted(available)}); set {option}")
+    return found
+
+
+def _folder_labels(split_dir: Path, dataset: datasets.Dataset) -> list[str]:
+    """The class name of each image of a folder split, from ``<split>/labels.csv`` (columns ``id,label``)."""
+    path = split_dir / LABELS_FILE
+    if not path.is_file():
+        raise UsageError(f"--image_folder: classification needs {path} with columns id,label (one row per image)")
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not {"id", "label"} <= set(reader.fieldnames):
+            raise UsageError(f"{path}: expected the columns id,label, got {reader.fieldnames}")
+        labels = {row["id"]: row["label"] for row in reader}
+    missing = [image_id for image_id in dataset["id"] if image_id not in labels]
+    if missing:
+        raise UsageError(f"{path}: no label for the images {missing[:10]}")
+    return [labels[image_id] for image_id in dataset["id"]]
+
+
+def _class_ids(names: list[str], label_names: list[str], where: str) -> list[int]:
+    unknown = sorted(set(names) - set(label_names))
+    if unknown:
+        raise UsageError(f"{where}: labels {unknown[:5]} are not among --class_names {label_names}")
+    return [label_names.index(name) for name in names]
+
+
+def _check_class_labels(dataset: datasets.Dataset, num_labels: int, where: str) -> None:
+    labels = np.asarray(dataset["label"])
+    bad = (labels < 0) | (labels >= num_labels)
+    if bad.any():
+        rows = np.flatnonzero(bad)[:5].tolist()
+        raise UsageError(
+            f"{where}: class ids {sorted(set(labels[bad].tolist()))[:5]} (rows {rows}) are outside the {num_labels} "
+            "classes; set --num_labels or --class_names"
+        )
+
+
+def load_task_data(
+    task: str, data_args: DenseDataArguments, input_modalities: Sequence[str], patch_size: int
+) -> TaskData:
+    """Load and check the training and evaluation images of ``task``; every problem is a :class:`UsageError`
+    naming the file, split, row or option."""
+    from robust_pretrain.vision import loaders, scenes
+
+    needed = list(dict.fromkeys([*input_modalities, *([task] if task != "classification" else [])]))
+    num_labels = data_args.num_labels if data_args.class_names is None else len(data_args.class_names)
+    checks = dict(ignore_index=data_args.ignore_index, depth_scale=data_args.depth_scale, patch_size=patch_size,
+                  num_classes=num_labels if task == "semseg" else None)
+    label_names = data_args.class_names
+    if data_args.image_folder is not None:
+        root = Path(data_args.image_folder)
+        if not root.is_dir():
+            raise UsageError(f"--image_folder {root}: no such directory")
+        available = [p.name for p in root.iterdir() if p.is_dir()]
+        where = f"--image_folder {root}"
+        train_split = _default_split(available, data_args.train_split, ["train"], "--train_split", where)
+        eval_split = _default_split(available, data_args.eval_split, ["validation", "test"], "--eval_split", where)
+        if task == "semseg" and num_labels is None:
+            raise UsageError("--image_folder with --task semseg needs --num_labels (or --class_names)")
+        splits = {}
+        for split in (train_split, eval_split):
+            try:
+                splits[split] = loaders.load_image_folder(root, split, modalities=needed, **checks)
+            except (ValueError, FileNotFoundError) as err:
+                raise UsageError(f"{where}: {err}") from err
+        if task == "classification":
+            names = {split: _folder_labels(root / split, dataset) for split, dataset in splits.items()}
+            label_names = label_names or sorted(set(names[train_split]) | set(names[eval_split]))
+            splits = {split: dataset.add_column("label", _class_ids(names[split], label_names, str(root / split)))
+                      for split, dataset in splits.items()}
+        train, evaluation = splits[train_split], splits[eval_split]
+        description = f"the image folder `{root.resolve().name}` (splits {train_split} / {eval_split})"
+    elif data_args.dataset_name is not None:
+        mapping = data_args.mapping() or {name: name for name in [*needed, "label"]}
+        where = f"--dataset_name {data_args.dataset_name}"
+        try:
+            raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+        except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+            raise UsageError(f"{where}: {err}") from err
+        train_split = _default_split(list(raw), data_args.train_split, ["train"], "--train_split", where)
+        eval_split = _default_split(list(raw), data_args.eval_split, ["validation", "test"], "--eval_split", where)
+        required = [*needed, "label"] if task == "classification" else needed
+        missing = [target for target in required if target not in mapping]
+        if missing:
+            raise UsageError(f"--column_mapping maps no column to {missing}, which --task {task} needs")
+        mapping = {target: column for target, column in mapping.items() if target in [*required, "id"]}
+        if task == "semseg" and num_labels is None:
+            raise UsageError(f"{where} with --task semseg needs --num_labels (or --class_names)")
+        splits = {}
+        for split in (train_split, eval_split):
+            try:
+                splits[split] = loaders.load_mapped_dataset(raw[split], mapping, **checks)
+            except ValueError as err:
+                raise UsageError(f"{where} [{split}]: {err}") from err
+        train, evaluation = splits[train_split], splits[eval_split]
+        feature = train.features.get("label")
+        if task == "classification" and label_names is None and isinstance(feature, datasets.ClassLabel):
+            label_names = list(feature.names)
+        description = f"the dataset `{data_args.dataset_name}` (splits {train_split} / {eval_split})"
+    else:
+        config = scenes.SceneConfig(image_size=data_args.scene_size)
+        train = scenes.generate_scenes(data_args.num_train_scenes, SCENE_SPLITS[0], data_args.scene_seed, config)
+        evaluation = scenes.generate_scenes(data_args.num_eval_scenes, SCENE_SPLITS[1], data_args.scene_seed, config)
+        if label_names is None:
+            label_names = list(scenes.CLASS_NAMES if task == "semseg" else scenes.LABEL_NAMES)
+        description = (
+            f"procedural indoor scenes (`robust_pretrain.vision.scenes` v{scenes.GENERATOR_VERSION}, seed "
+            f"{data_args.scene_seed}, {data_args.scene_size}x{data_args.scene_size} pixels): "
+            f"{data_args.num_train_scenes} `{SCENE_SPLITS[0]}` / {data_args.num_eval_scenes} `{SCENE_SPLITS[1]}` "
+            "scenes, disjoint from the pre-training splits"
+        )
+    train = _limit(train, data_args.max_train_samples)
+    evaluation = _limit(evaluation, data_args.max_eval_samples)
+    for name, dataset in (("training", train), ("evaluation", evaluation)):
+        if len(dataset) == 0:
+            option = "--train_split" if name == "training" else "--eval_split"
+            raise UsageError(f"the {name} split of {description} is empty ({option})")
+    if task == "depth":
+        label_names = None
+    elif task == "classification":
+        if label_names is None:
+            label_names = [str(i) for i in range(num_labels or int(max(train["label"] + evaluation["label"])) + 1)]
+        for split_name, dataset in (("training", train), ("evaluation", evaluation)):
+            _check_class_labels(dataset, len(label_names), f"the {split_name} split of {description}")
+    elif label_names is None:
+        label_names = [str(i) for i in range(num_labels)]
+    if task == "semseg" and num_labels is not None and len(label_names) != num_labels:
+        raise UsageError(f"--num_labels {num_labels} differs from the {len(label_names)} classes of {description}")
+    return TaskData(train, evaluation, label_names, description)
+
+
+@dataclass
+class DenseCollator:
+    """Processed rows -> model batch: ``pixel_values`` (RGB), extra input modalities by name, ``labels``
+    (semseg (B,H,W) int64, depth (B,H,W) metres with 0 = invalid, classification (B,) int64)."""
+
+    task: str
+    extra_inputs: tuple[str, ...] = ()
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        def stack(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.stack([np.asarray(feature[name]) for feature in features]))
+
+        batch = {"pixel_values": stack("rgb")}
+        batch.update({name: stack(name) for name in self.extra_inputs})
+        if self.task == "classification":
+            batch["labels"] = torch.tensor([int(feature["label"]) for feature in features], dtype=torch.long)
+        elif self.task == "depth":
+            batch["labels"] = stack("depth")[:, 0]
+        else:
+            batch["labels"] = stack("semseg").long()
+        return batch
+
+
+# -------------------------------------------------------------------------------------------------------- model
+
+
+def checkpoint_model_type(checkpoint: str, task: str) -> str:
+    """``"multimae"`` or ``"vit"`` (classification only); anything else is a :class:`UsageError`."""
+    check_checkpoint(checkpoint)
+    try:
+        config, _ = PretrainedConfig.get_config_dict(checkpoint)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model_name_or_path {checkpoint}: cannot read its config.json ({err})") from err
+    model_type = config.get("model_type")
+    if model_type == "vit" and task != "classification":
+        raise UsageError(
+            f"--model_name_or_path {checkpoint} is a ViT checkpoint; --task {task} needs the dense (DPT) heads of an "
+            "MM-MAE checkpoint (a pre-training output). A ViT fine-tunes with --task classification."
+        )
+    if model_type not in ("multimae", "vit"):
+        raise UsageError(
+            f"--model_name_or_path {checkpoint}: config.json has model_type {model_type!r}; expected an MM-MAE "
+            "checkpoint ('multimae', e.g. a pre-training output) or a ViT ('vit', e.g. an exported encoder)"
+        )
+    return model_type
+
+
+def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_names: list[str] | None,
+               ignore_index: int) -> tuple[PreTrainedModel | PeftModel, int]:
+    """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size the
+    checkpoint was trained at."""
+    path, task = run_args.model_name_or_path, run_args.task
+    model_type = checkpoint_model_type(path, task)
+    labels = {} if label_names is None else {
+        "num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
+        "label2id": {name: i for i, name in enumerate(label_names)},
+    }
+    if model_type == "vit":
+        if run_args.input_modalities != ["rgb"]:
+            raise UsageError(f"--input_modalities {run_args.input_modalities}: a ViT checkpoint reads rgb only")
+        model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
+        image_size, head_modules = model.config.image_size, ["classifier"]
+    else:
+        model_class, head_modules = MULTIMAE_HEADS[task]
+        config = MultiMAEConfig.from_pretrained(path, semantic_loss_ignore_index=ignore_index, **labels)
+        known = config.task_names
+        unknown = [name for name in run_args.input_modalities if name not in known]
+        if unknown:
+            raise UsageError(f"--input_modalities {unknown}: {path} has the modalities {known}")
+        config.finetune_modalities = list(run_args.input_modalities)
+        model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
+        if config.image_height != config.image_width:
+            raise UsageError(f"{path}: image_size {config.image_size} is not square; set --image_size")
+        image_size = config.image_height
+    if lora_args.use_lora:
+        model = get_peft_model(
+            model,
+            LoraConfig(r=lora_args.lora_r, lora_alpha=lora_args.lora_alpha, lora_dropout=lora_args.lora_dropout,
+                       target_modules=list(lora_args.lora_target_modules), modules_to_save=head_modules),
+        )
+        model.print_trainable_parameters()
+    return model, int(image_size)
+
+
+def parameter_groups(model: torch.nn.Module, num_layers: int, learning_rate: float, weight_decay: float,
+                     layer_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups with layer-wise lr decay (BEiT / MultiMAE): the embeddings are layer 0, encoder layer
+    ``i`` is layer ``i + 1``, everything after the encoder (final norm, head) layer ``L + 1``; layer ``l`` gets
+    ``learning_rate * layer_decay ** (L + 1 - l)``. No weight decay on biases, norms and learned tokens. The head's
+    group comes first (the lr the Trainer logs)."""
+    groups: dict[tuple[int, bool], dict[str, Any]] = {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        layer_match = _ENCODER_LAYER.search(name)
+        layer = int(layer_match.group(1)) + 1 if layer_match else 0 if _EMBEDDINGS.search(name) else num_layers + 1
+        decay = parameter.ndim >= 2 and not _NO_WEIGHT_DECAY.search(name)
+        group = groups.setdefault((layer, decay), {
+            "params": [], "weight_decay": weight_decay if decay else 0.0,
+            "lr": learning_rate * layer_decay ** (num_layers + 1 - layer),
+        })
+        group["params"].append(parameter)
+    return [groups[key] for key in sorted(groups, key=lambda key: (-key[0], not key[1]))]
+
+
+# ------------------------------------------------------------------------------------------------------ metrics
+
+
+def predictions_file_name(task: str) -> str:
+    return f"predictions_{task}.npz"
+
+
+def text_predictions_file_name(task: str) -> str:
+    return f"predict_results_{task}.txt"
+
+
+def _metric_kwargs(task: str, num_labels: int | None, data_args: DenseDataArguments) -> dict[str, Any]:
+    if task == "semseg":
+        return {"num_labels": num_labels, "ignore_index": data_args.ignore_index}
+    if task == "depth":
+        return {"min_depth": data_args.min_depth, "max_depth": data_args.max_depth}
+    return {"top_k": (1, 5) if num_labels >= 5 else (1,)}
+
+
+def flatten_metrics(task: str, result: dict[str, Any], label_names: list[str] | None) -> dict[str, float]:
+    """The metric module's result as flat floats: per-class IoU as ``iou_<class>`` (classes absent from both the
+    predictions and the references, NaN in the module's list, are left out)."""
+    flat = {key: float(value) for key, value in result.items() if key != "per_class_iou"}
+    if task == "semseg":
+        names = label_names or [str(i) for i in range(len(result["per_class_iou"]))]
+        flat.update({f"iou_{name}": float(iou) for name, iou in zip(names, result["per_class_iou"], strict=True)
+                     if not np.isnan(iou)})
+    return flat
+
+
+def compute_task_metrics(task: str, predictions: np.ndarray, labels: np.ndarray,
+                         metric_kwargs: dict[str, Any], label_names: list[str] | None) -> dict[str, float]:
+    """Score predictions (semseg class maps, depth maps in metres, classification scores) with the shipped
+    ``evaluate`` module of ``task``."""
+    result = load_vision_metric(task).compute(predictions=predictions, references=labels, **metric_kwargs)
+    return flatten_metrics(task, result, label_names)
+
+
+def build_compute_metrics(task: str, metric_kwargs: dict[str, Any], label_names: list[str] | None
+                          ) -> Callable[[EvalPrediction], dict[str, float]]:
+    """``compute_metrics`` for the Trainer (semseg predictions arrive as class maps, see
+    :func:`preprocess_logits`)."""
+
+    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        return compute_task_metrics(task, _first(prediction.predictions), prediction.label_ids, metric_kwargs,
+                                    label_names)
+
+    return compute_metrics
+
+
+def _first(predictions: np.ndarray | tuple) -> np.ndarray:
+    return predictions[0] if isinstance(predictions, tuple) else predictions
+
+
+def preprocess_logits(logits: torch.Tensor | tuple, labels: torch.Tensor) -> torch.Tensor:
+    """Keep class maps, not per-class logits, of semantic segmentation during evaluation (memory)."""
+    return _first(logits).argmax(dim=1)
+
+
+def write_predictions(path: Path, task: str, ids: Sequence[str], predictions: np.ndarray, labels: np.ndarray,
+                      metric_kwargs: dict[str, Any], label_names: list[str] | None) -> Path:
+    """Per eval image: ``ids``, ``predictions`` (semseg class maps, depth maps in metres, classification scores),
+    ``labels`` and the metric settings, so :func:`recompute_metrics` gives the reported scores."""
+    dtype = {"semseg": np.int16, "depth": np.float32, "classification": np.float32}[task]
+    np.savez_compressed(
+        path, task=np.asarray(task), ids=np.asarray(list(ids)), predictions=np.asarray(predictions, dtype=dtype),
+        labels=np.asarray(labels, dtype=np.int16 if task == "semseg" else labels.dtype),
+        label_names=np.asarray(label_names or []), **{f"metric_{k}": np.asarray(v) for k, v in metric_kwargs.items()
+                                                      if v is not None},
+    )
+    return path
+
+
+def recompute_metrics(path: str | Path) -> dict[str, float]:
+    """The eval metrics (without the ``eval_`` prefix) recomputed from a :func:`write_predictions` file."""
+    with np.load(path, allow_pickle=False) as saved:
+        task = str(saved["task"])
+        kwargs = {key[len("metric_"):]: saved[key] for key in saved.files if key.startswith("metric_")}
+        kwargs = {key: tuple(value.tolist()) if key == "top_k" else value.item() for key, value in kwargs.items()}
+        if task == "depth":
+            kwargs.setdefault("max_depth", None)
+        label_names = [str(name) for name in saved["label_names"]] or None
+        return compute_task_metrics(task, saved["predictions"], saved["labels"], kwargs, label_names)
+
+
+def write_classification_results(path: Path, ids: Sequence[str], scores: np.ndarray, labels: np.ndarray,
+                                 label_names: list[str]) -> Path:
+    """Tab-separated ``index  id  prediction  label`` (class names), as HF's ``run_glue.py`` writes."""
+    rows = ["index\tid\tprediction\tlabel"]
+    rows += [f"{i}\t{image_id}\t{label_names[int(p)]}\t{label_names[int(y)]}"
+             for i, (image_id, p, y) in enumerate(zip(ids, scores.argmax(axis=1), labels, strict=True))]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------ outputs
+
+
+def plot_predictions(task: str, images: np.ndarray, predictions: np.ndarray, labels: np.ndarray,
+                     processor: MultiMAEImageProcessor, label_names: list[str] | None, ignore_index: int,
+                     path: Path) -> Path:
+    """``predictions.png``: one row per image: input, prediction, target (classification: the input titled with
+    both class names). ``images`` are processed (normalised) RGB arrays (N, 3, H, W)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    mean, std = np.asarray(processor.image_mean)[:, None, None], np.asarray(processor.image_std)[:, None, None]
+    rgb = np.clip(images * std + mean, 0, 1).transpose(0, 2, 3, 1)
+    columns = 1 if task == "classification" else 3
+    figure, axes = plt.subplots(len(rgb), columns, figsize=(2.6 * columns, 2.6 * len(rgb)), squeeze=False)
+    for row, image in enumerate(rgb):
+        axes[row, 0].imshow(image)
+        if task == "classification":
+            predicted, target = label_names[int(predictions[row].argmax())], label_names[int(labels[row])]
+            axes[row, 0].set_title(f"prediction: {predicted}\ntarget: {target}", fontsize=9)
+        else:
+            axes[row, 0].set_title("input" if row == 0 else "", fontsize=9)
+            if task == "semseg":
+                style = {"cmap": "tab10" if len(label_names) <= 10 else "tab20", "vmin": 0,
+                         "vmax": max(len(label_names) - 1, 1), "interpolation": "nearest"}
+                shown = [np.ma.masked_equal(predictions[row], ignore_index), np.ma.masked_equal(labels[row],
+                                                                                               ignore_index)]
+            else:
+                valid = labels[row][labels[row] > 0]
+                style = {"cmap": "viridis", "vmin": float(valid.min()) if valid.size else 0.0,
+                         "vmax": float(valid.max()) if valid.size else 1.0}
+                shown = [predictions[row], np.ma.masked_less_equal(labels[row], 0)]
+            for column, (values, title) in enumerate(zip(shown, ("prediction", "target"), strict=True), start=1):
+                axes[row, column].imshow(values, **style)
+                axes[row, column].set_title(title if row == 0 else "", fontsize=9)
+        for axis in axes[row]:
+            axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+CARD_TASK_TYPES = {"semseg": "image-segmentation", "depth": "depth-estimation",
+                   "classification": "image-classification"}
+CARD_METRICS = {"semseg": ("mean_iou", "pixel_accuracy"), "depth": ("delta1", "abs_rel", "rmse"),
+                "classification": ("top1_accuracy", "top5_accuracy")}
+_CARD_TEMPLATE = """---
+{{ card_data }}
+---
+# {{ model_name }}
+
+## Fine-tuning: {{ task }}
+
+`{{ base }}` fine-tuned for {{ task_type }} with robust-pretrain's `finetune_dense` recipe
+({{ method }}; AdamW, peak lr {{ lr }}, layer-wise lr decay {{ layer_decay }}, weight decay {{ weight_decay }},
+warm-up {{ warmup }} then {{ schedule }}; {{ steps }} steps of batch {{ batch }}, seed {{ seed }}).
+Input: {{ inputs }}. Data: {{ data }}.
+
+| metric | value |
+|---|---|
+{% for name, value in metrics %}| {{ name }} | {{ value }} |
+{% endfor %}
+Per-image predictions: `{{ predictions_file }}` (`robust_pretrain.vision.finetune.recompute_metrics` recomputes the
+table from it); input / prediction / target of a few images: `predictions.png`.
+"""
+
+
+def write_card(output_dir: Path, run_args: DenseRunArguments, lora_args: LoraArguments,
+               training_args: DenseTrainingArguments, data: TaskData, metrics: dict[str, float], steps: int) -> Path:
+    """A model card ``README.md``: the fine-tuning section and its eval results as ``model-index`` metadata."""
+    task, base = run_args.task, run_args.model_name_or_path
+    base_label = Path(base).name if looks_like_path(base) or Path(base).exists() else base
+    reported = [(name, metrics[f"eval_{name}"]) for name in CARD_METRICS[task] if f"eval_{name}" in metrics]
+    results = [
+        EvalResult(task_type=CARD_TASK_TYPES[task], dataset_type="local", dataset_name=data.description.split(" (")[0],
+                   dataset_split="eval", metric_type=name, metric_value=round(value, 4))
+        for name, value in reported
+    ]
+    method = (f"LoRA r={lora_args.lora_r} on {', '.join(lora_args.lora_target_modules)} + full head"
+              if lora_args.use_lora else "full fine-tuning")
+    card = ModelCard.from_template(
+        ModelCardData(model_name=f"{base_label}-{task}", eval_results=results, library_name="transformers",
+                      tags=["robust-pretrain", CARD_TASK_TYPES[task]]),
+        template_str=_CARD_TEMPLATE, model_name=f"{base_label}-{task}", task=task, base=base_label,
+        task_type=CARD_TASK_TYPES[task], method=method, lr=training_args.learning_rate,
+        layer_decay=training_args.layer_decay, weight_decay=training_args.weight_decay,
+        warmup=training_args.warmup_steps, schedule=SchedulerType(training_args.lr_scheduler_type).value, steps=steps,
+        batch=training_args.per_device_train_batch_size * training_args.world_size, seed=training_args.seed,
+        inputs=" + ".join(run_args.input_modalities), data=data.description,
+        metrics=[(name, f"{value:.4f}") for name, value in reported], predictions_file=predictions_file_name(task),
+    )
+    path = output_dir / "README.md"
+    card.save(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------- run
+
+
+def run_finetune(run_args: DenseRunArguments, data_args: DenseDataArguments, lora_args: LoraArguments,
+                 training_args: DenseTrainingArguments, save_model: bool = True) -> dict[str, float]:
+    """Check every input, fine-tune and/or evaluate; returns the eval metrics (``eval_`` keys, as logged).
+
+    ``training_args.output_dir`` must be empty or new unless ``run_args.overwrite_output_dir``. Writes the files
+    listed in the module docstring (the model only if ``save_model``)."""
+    task = run_args.task
+    checkpoint_model_type(run_args.model_name_or_path, task)
+    config, _ = PretrainedConfig.get_config_dict(run_args.model_name_or_path)
+    data = load_task_data(task, data_args, run_args.input_modalities, int(config.get("patch_size", 16)))
+    prepare_output_dir(training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save,
+                       _STALE_OUTPUTS)
+    set_seed(training_args.seed)
+    model, checkpoint_size = load_model(run_args, lora_args, data.label_names, data_args.ignore_index)
+    image_size = data_args.image_size or checkpoint_size
+    if image_size != checkpoint_size and isinstance(model, ViTForImageClassification):
+        raise UsageError(f"--image_size {image_size}: the ViT checkpoint is trained at {checkpoint_size} pixels")
+    num_labels = None if data.label_names is None else len(data.label_names)
+    processor = MultiMAEImageProcessor(
+        size=image_size, crop_scale=data_args.crop_scale, flip_probability=data_args.flip_probability,
+        depth_scale=data_args.depth_scale, ignore_index=data_args.ignore_index,
+        num_classes=num_labels if task == "semseg" else None,
+    )
+    modalities = list(dict.fromkeys([*run_args.input_modalities, *([task] if task != "classification" else [])]))
+    columns = {name: name for name in modalities}
+    train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
+    eval_transform = MultiMAETransform(processor, train=False, column_mapping=columns)
+    eval_ids = list(data.evaluation["id"])
+    data.train.set_transform(train_transform)
+    data.evaluation.set_transform(eval_transform)
+
+    metric_kwargs = _metric_kwargs(task, num_labels, data_args)
+    num_layers = int(config.get("num_hidden_layers", 0))
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=data.train if training_args.do_train else None,
+        data_collator=DenseCollator(task, tuple(name for name in run_args.input_modalities if name != "rgb")),
+        compute_metrics=build_compute_metrics(task, metric_kwargs, data.label_names),
+        preprocess_logits_for_metrics=preprocess_logits if task == "semseg" else None,
+        callbacks=[SetEpochCallback([train_transform])],
+        optimizer_cls_and_kwargs=(torch.optim.AdamW, {
+            "params": parameter_groups(model, num_layers, training_args.learning_rate, training_args.weight_decay,
+                                       training_args.layer_decay),
+            "betas": (training_args.adam_beta1, training_args.adam_beta2), "eps": training_args.adam_epsilon,
+        }),
+    )
+    output_dir = Path(training_args.output_dir)
+    if training_args.do_train:
+        train_result = trainer.train()
+        if save_model:
+            trainer.save_model()
+            if trainer.is_world_process_zero():
+                processor.save_pretrained(output_dir)
+        train_metrics = {**train_result.metrics, "train_samples": len(data.train)}
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+
+    eval_metrics: dict[str, float] = {}
+    if training_args.do_eval:
+        output = trainer.predict(data.evaluation, metric_key_prefix="eval")
+        eval_metrics = {**output.metrics, "eval_samples": len(data.evaluation)}
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        if trainer.is_world_process_zero():
+            predictions, ids = _first(output.predictions), eval_ids
+            write_predictions(output_dir / predictions_file_name(task), task, ids, predictions, output.label_ids,
+                              metric_kwargs, data.label_names)
+            if task == "classification":
+                write_classification_results(output_dir / text_predictions_file_name(task), ids, predictions,
+                                             output.label_ids, data.label_names)
+            shown = min(data_args.num_prediction_images, len(data.evaluation))
+            if shown:
+                images = np.stack(data.evaluation[:shown]["rgb"])
+                plot_predictions(task, images, predictions[:shown], output.label_ids[:shown], processor,
+                                 data.label_names, data_args.ignore_index, output_dir / PREDICTIONS_PLOT)
+            write_card(output_dir, run_args, lora_args, training_args, data, eval_metrics, trainer.state.global_step)
+    return eval_metrics
+
+
+def run(argv: list[str]) -> dict[str, float]:
+    """Parse ``[--config FILE] [--option value ...]``, fine-tune and evaluate; returns the eval metrics."""
+    parser = HfArgumentParser(
+        (DenseRunArguments, DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
+        description="Fine-tune an MM-MAE or ViT checkpoint on semantic segmentation, depth or classification. "
+        "--config FILE (YAML/JSON) sets defaults for any option.",
+    )
+    run_args, data_args, lora_args, training_args = parse_with_config(parser, argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    datasets.utils.logging.set_verbosity_warning()
+    return run_finetune(run_args, data_args, lora_args, training_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-finetune-dense``): exit status 2 and one paragraph for a bad input."""
+    return run_console(run, argv, prog="robust-pretrain-finetune-dense")
