@@ -22,7 +22,10 @@ from typing import Any
 from robust_pretrain.cli import UsageError
 
 # family name -> module defining ``FAMILY``.
-FAMILY_MODULES: dict[str, str] = {"glue": "robust_pretrain.evaluation.glue_tasks"}
+FAMILY_MODULES: dict[str, str] = {
+    "glue": "robust_pretrain.evaluation.glue_tasks",
+    "dense": "robust_pretrain.evaluation.dense_tasks",
+}
 _REGISTERED: dict[str, TaskFamily] = {}
 
 

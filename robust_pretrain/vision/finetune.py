@@ -293,7 +293,7 @@ def _check_class_labels(dataset: datasets.Dataset, num_labels: int, where: str) 
 
 
 def load_task_data(
-    task: str, data_args: DenseDataArguments, input_modalities: Sequence[str], patch_size: int
+    task: str, data_args: DenseDataArguments, input_modalities: Sequence[str], patch_size: int | None
 ) -> TaskData:
     """Load and check the training and evaluation images of ``task``; every problem is a :class:`UsageError`
     naming the file, split, row or option."""
