@@ -4,6 +4,9 @@ cards (suite directory by default, never foreign or read-only checkpoints), limi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -344,6 +347,29 @@ def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monk
     assert not (first / "README.md").exists() and not (second / "README.md").exists()  # default: no card edits
     suite.run(argv)
     assert len(calls) == 4
+
+
+def test_two_processes_run_each_cell_once_and_resume(tmp_path: Path, shared_data: Path) -> None:
+    """accelerate launch / torchrun: every process trains the cell together, the main one writes; a rerun reuses."""
+    tiny = make_tiny_bert(tmp_path / "tiny")
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "glue_suite.py"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29543"]
+    argv = ["--checkpoints", str(tiny), "--tasks", "rte", "--seeds", "3", "--glue_dir", str(shared_data / "glue"),
+            "--max_train_samples", "16", "--max_eval_samples", "21", "--per_device_eval_batch_size", "4",
+            "--max_steps", "1", "--disable_tqdm", "true", "--output_dir", str(tmp_path / "suite")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([*launch, str(recipe), *argv], check=True, env=env, timeout=600)
+    cell_file = next((tmp_path / "suite" / "cells").glob("tiny-*/rte/seed3/cell.json"))
+    cell = json.loads(cell_file.read_text())
+    columns = read_predictions("rte", cell_file.parent / "predict_results_rte.txt")
+    assert columns["index"] == list(range(21))
+    recomputed = load_glue_metric("rte").compute(predictions=columns["prediction"], references=columns["label"])
+    assert 100 * recomputed["accuracy"] == pytest.approx(cell["score"], abs=1e-9)
+    summary = json.loads((tmp_path / "suite" / "glue_suite.json").read_text())
+    assert summary["checkpoints"][str(tiny)]["tasks"]["rte"]["scores"] == [cell["score"]]
+    written = cell_file.stat().st_mtime_ns
+    subprocess.run([*launch, str(recipe), *argv], check=True, env=env, timeout=600)
+    assert cell_file.stat().st_mtime_ns == written  # reused by both processes
 
 
 def test_checkpoint_spellings_and_label_collisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

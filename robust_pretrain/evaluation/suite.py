@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from accelerate import PartialState
 from transformers import HfArgumentParser
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
@@ -157,9 +158,12 @@ def run_cell(
             logger.info("Reusing finished cell %s", cell_dir)
             return {**cell, "checkpoint": checkpoint}  # as spelled in this run (the identity is the same)
         logger.warning("Running %s again; settings changed: %s", cell_dir, _changes(cell.get("settings", {}), settings))
-    if cell_dir.exists():  # an interrupted or outdated run of this cell: the suite's own directory
-        shutil.rmtree(cell_dir)
-    cell_dir.mkdir(parents=True)
+    state = PartialState()  # under accelerate launch / torchrun every process runs the cell; the main one writes
+    if state.is_main_process:
+        if cell_dir.exists():  # an interrupted or outdated run of this cell: the suite's own directory
+            shutil.rmtree(cell_dir)
+        cell_dir.mkdir(parents=True)
+    state.wait_for_everyone()
     logger.info("Running cell %s: %s seed %d", checkpoint_label(checkpoint), task.name, seed)
     result = task.run(checkpoint=checkpoint, seed=seed, output_dir=cell_dir, options=options, save_model=save_model)
     missing = [key for key in (task.primary_metric, *task.card_metrics) if key not in result.metrics]
@@ -179,7 +183,8 @@ def run_cell(
         "prediction_files": list(result.prediction_files),
         "raw_metrics": result.raw_metrics,
     }
-    _write_json(cell_file, cell)
+    if state.is_main_process:
+        _write_json(cell_file, cell)
     return cell
 
 
@@ -311,6 +316,8 @@ def run_suite(suite_args: SuiteArguments, options: Sequence[Any]) -> dict[str, A
         for seed in suite_args.seeds
     ]
     summary = summarize(cells, tasks, suite_args.seeds, suite_args.baseline, family.description, run_settings.limits)
+    if not PartialState().is_main_process:
+        return summary
     _write_json(output_dir / f"{family.name}_suite.json", summary)
     (output_dir / f"{family.name}_suite.md").write_text(render_markdown(summary), encoding="utf-8")
     for checkpoint, entry in summary["checkpoints"].items():
