@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.vision.configuration_multimae import ModalitySpec
+from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
 from robust_pretrain.vision.export import export_vit
 from robust_pretrain.vision.export import main as export_main
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
@@ -170,9 +170,35 @@ def test_modalities_are_configuration():
     assert set(out.task_losses) == {"image", "height"}
     hidden = pixel_mask(batch["mask_rgb"])[:, None].expand_as(batch["rgb"])
     squared_error = (out.predictions["image"].detach() - batch["rgb"]) ** 2  # raw pixels: norm_pix_loss=False
-    assert float(out.task_losses["image"]) == pytest.approx(float(squared_error[hidden].mean()), rel=1e-5)
+    assert out.task_losses["image"].item() == pytest.approx(float(squared_error[hidden].mean()), rel=1e-5)
     with pytest.raises(TypeError, match="unexpected input 'rgb'"):
         model(rgb=batch["rgb"])
+
+
+def test_config_round_trip_and_validation(tmp_path):
+    config = tiny_config(image_size=[8, 12], finetune_modalities=["rgb", "depth"])
+    config.save_pretrained(tmp_path)
+    loaded = MultiMAEConfig.from_pretrained(tmp_path)
+    assert loaded.modalities == config.modalities and loaded.to_dict() == config.to_dict()
+    assert loaded.num_patches == 2 * 3 and loaded.task_names == ["rgb", "depth", "semseg"]
+    for settings, message in [
+        (dict(modalities=[ModalitySpec("a", "rgb"), ModalitySpec("a", "depth")]), "unique names"),
+        (dict(finetune_modalities=["normals"]), "must be a non-empty subset"),
+        (dict(image_size=18), "multiple of patch_size"),
+        (dict(head_layer_indices=[0, 1, 2]), "four encoder layers"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            tiny_config(**settings)
+    for spec, message in [
+        (dict(name="s", kind="semseg"), "needs num_classes"),
+        (dict(name="s", kind="semseg", num_classes=300), "ignore_index 255 is a class id"),
+        (dict(name="s", kind="semseg", num_classes=4, channels=3), "channels 1"),
+        (dict(name="d", kind="depth", loss="cross_entropy"), "needs kind 'semseg'"),
+        (dict(name="x", kind="normals"), "kind 'normals' is not one of"),
+        (dict(name="mask-1", kind="rgb"), "identifier"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ModalitySpec(**spec)
 
 
 def test_bad_inputs_are_clear_errors():

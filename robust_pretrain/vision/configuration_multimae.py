@@ -24,7 +24,7 @@ class ModalitySpec:
 
     ``channels`` and ``loss`` default by ``kind``: rgb 3 channels + ``mse``, depth 1 channel + ``l1`` (metres, 0 =
     invalid pixel), semseg a class-id map + ``cross_entropy`` (needs ``num_classes``; ``ignore_index`` marks unknown
-    pixels). ``norm_pix_loss``: regress per-patch normalised pixels (MAE), used by ``mse``.
+    pixels). ``norm_pix_loss``: an rgb modality with ``mse`` regresses per-patch normalised pixels (MAE).
     """
 
     name: str
@@ -46,6 +46,8 @@ class ModalitySpec:
         if self.loss not in MODALITY_LOSSES:
             raise ValueError(f"modalities[{self.name}]: loss {self.loss!r} is not one of {MODALITY_LOSSES}")
         if self.kind == "semseg":
+            if self.channels != 1:
+                raise ValueError(f"modalities[{self.name}]: a semseg modality is one map of class ids (channels 1)")
             if self.num_classes is None or self.num_classes < 1:
                 raise ValueError(f"modalities[{self.name}]: a semseg modality needs num_classes >= 1")
             if self.loss != "cross_entropy":

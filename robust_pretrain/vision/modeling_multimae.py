@@ -485,7 +485,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
             values = torch.where(measured, values, torch.zeros((), dtype=values.dtype, device=values.device))
             valid = valid & measured
         prediction = predicted
-        if spec.loss == "mse" and spec.norm_pix_loss:
+        if spec.kind == "rgb" and spec.loss == "mse" and spec.norm_pix_loss:
             mean = values.mean(dim=-1, keepdim=True)
             std = (values.var(dim=-1, keepdim=True) + 1e-6).sqrt()
             values = (values - mean) / std
