@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.reporting import (
     TASK_REPORT_NAME,
@@ -50,6 +52,19 @@ def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Log
         each.setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
+
+
+def peek_option(argv: list[str], name: str, nargs: str | None = None) -> Any:
+    """``--name`` from the command line, else from the ``--config`` file, else None: for a default that must be known
+    before the full parse (task names from a task spec or from the modalities)."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--config")
+    peek.add_argument(f"--{name}", nargs=nargs)
+    known, _ = peek.parse_known_args(argv)
+    value = getattr(known, name)
+    if value is None and known.config is not None:
+        return load_config_file(known.config).get(name)
+    return value
 
 
 def last_complete_checkpoint(output_dir: Path) -> str | None:

@@ -3,8 +3,9 @@
     robust-pretrain-compare --config recipes/configs/demo.yaml --strategies average minimax \\
         --seeds 42 43 --output_dir outputs/compare [--sweep alpha=0.5,1,2] [-- --max_steps 300 ...]
 
-Each run is the pre-training recipe (``python -m robust_pretrain.pretraining.pos_mlm``) in its own process (prefix it
-with ``--launcher "accelerate launch --num_processes 2 ..."`` for several processes), written to
+Each run is a pre-training recipe (``python -m robust_pretrain.pretraining.<recipe>``: ``pos_mlm``, or ``multimae``
+for image modalities; ``--recipe``, by default the one whose options the ``--config`` file sets) in its own process
+(prefix it with ``--launcher "accelerate launch --num_processes 2 ..."`` for several processes), written to
 ``<output_dir>/<run>/seed-<seed>``; a finished run made with the same settings (options, config file, data files) is
 reused and named as such, one with other settings is re-run (extended if only ``max_steps`` grew, else refused).
 Options after ``--`` go to every run. Writes ``comparison.json``, ``comparison.md``, ``comparison_tasks.png``
@@ -15,20 +16,23 @@ against mean loss for every run: the trade-off frontier).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shlex
 import statistics
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from robust_pretrain.cli import UsageError, run_console
 from robust_pretrain.config import load_config_file
 from robust_pretrain.pretraining.common import file_fingerprint
 from robust_pretrain.reporting import TASK_REPORT_NAME
+from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
 
-RECIPE_MODULE = "robust_pretrain.pretraining.pos_mlm"
+RECIPES = {"pos_mlm": "robust_pretrain.pretraining.pos_mlm", "multimae": "robust_pretrain.pretraining.multimae"}
 RUN_SETTINGS_NAME = "compare_settings.json"  # beside each run's task_report.json: the settings it was made with
 
 
@@ -62,6 +66,23 @@ def plan_runs(strategies: list[str], sweep: str | None) -> list[tuple[str, str, 
     return runs
 
 
+def recipe_options(recipe: str) -> set[str]:
+    """The options a recipe parses: the fields of its ``ModelArguments`` and ``DataArguments`` and the training
+    arguments."""
+    module = importlib.import_module(RECIPES[recipe])
+    classes = (module.ModelArguments, module.DataArguments, MinimaxTrainingArguments)
+    return {f.name for cls in classes for f in fields(cls)}
+
+
+def recipe_for_config(config: dict) -> str:
+    """The recipe a config file is written for: the one that takes all its keys (``pos_mlm`` if both do)."""
+    fitting = [name for name in RECIPES if set(config) <= recipe_options(name)]
+    if not fitting:
+        unknown = {name: sorted(set(config) - recipe_options(name)) for name in RECIPES}
+        raise ValueError(f"no recipe takes every option of the --config file (unknown options: {unknown})")
+    return fitting[0]
+
+
 def run_settings(options: list[str], cli: argparse.Namespace) -> dict:
     """What a run's result depends on: the recipe's options (those of the config file included), the launcher, and
     the content of every file an option names (data, task spec)."""
@@ -90,7 +111,7 @@ def run_one(run_dir: Path, strategy: str, seed: int, options: dict[str, str], cl
         print(f"= reusing {run_dir} (finished with the same settings)", flush=True)
         return json.loads(report.read_text())
     launcher = shlex.split(cli.launcher) if cli.launcher else [sys.executable]
-    command = [*launcher, "-m", RECIPE_MODULE, *recipe_options, "--output_dir", str(run_dir)]
+    command = [*launcher, "-m", RECIPES[cli.recipe], *recipe_options, "--output_dir", str(run_dir)]
     print("+", shlex.join(command), flush=True)
     try:
         subprocess.run(command, check=True)
@@ -170,7 +191,7 @@ def plot(table: dict, reports: dict[str, list[dict]], output_dir: Path, frontier
         positions = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(columns))]
         ax.bar(positions, [s["mean"] for s in stats], width, yerr=[s["std"] for s in stats], label=run, capsize=2)
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
-    ax.set_ylabel("held-out MLM loss")
+    ax.set_ylabel("held-out task loss")
     lows = [table[r]["task_loss"][t]["mean"] for r in runs for t in tasks]
     ax.set_ylim(min(lows) * 0.95, None)
     ax.legend(fontsize=8)
@@ -208,11 +229,15 @@ def run(argv: list[str]) -> dict:
     parser.add_argument("--output_dir", required=True, help="where runs and the comparison are written")
     parser.add_argument("--baseline", default="average", help="run the relative changes are measured against")
     parser.add_argument("--launcher", default="", help='e.g. "accelerate launch --num_processes 2 ..."')
+    parser.add_argument(
+        "--recipe", choices=list(RECIPES), help="pre-training recipe (default: the one the --config file is for)"
+    )
     cli = parser.parse_args(own)
     cli.overrides = overrides
     if cli.config and not Path(cli.config).is_file():
         parser.error(f"config file not found: {cli.config}")
     try:
+        cli.recipe = cli.recipe or recipe_for_config(load_config_file(cli.config) if cli.config else {})
         runs = plan_runs(cli.strategies, cli.sweep)
     except ValueError as err:
         parser.error(str(err))

@@ -11,7 +11,6 @@ last checkpoint in ``output_dir`` when there is one.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,7 @@ from robust_pretrain.card import (
     pos_tasks,
 )
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
-from robust_pretrain.config import load_config_file, parse_with_config
+from robust_pretrain.config import parse_with_config
 from robust_pretrain.data import (
     UPOS_TAGS,
     CollatorEpochCallback,
@@ -53,6 +52,7 @@ from robust_pretrain.data import (
 from robust_pretrain.pretraining.common import (
     create_trainer,
     file_fingerprint,
+    peek_option,
     prepare_output_dir,
     push,
     setup_logging,
@@ -179,17 +179,6 @@ class DataArguments:
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be a positive integer, got {getattr(self, name)}")
-
-
-def _task_spec_from_argv(argv: list[str]) -> str | None:
-    """--task_spec from the command line or the --config file: task_names default to the spec's task names."""
-    peek = argparse.ArgumentParser(add_help=False)
-    peek.add_argument("--config")
-    peek.add_argument("--task_spec")
-    known, _ = peek.parse_known_args(argv)
-    if known.task_spec is None and known.config is not None:
-        return load_config_file(known.config).get("task_spec")
-    return known.task_spec
 
 
 def run_config(
@@ -446,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> dict:
     """Pre-train as ``argv`` says; the held-out metrics and the task report."""
-    task_spec = _task_spec_from_argv(argv)
+    task_spec = peek_option(argv, "task_spec")  # task_names default to the spec's task names
     try:
         spec = TaskSpec.resolve(task_spec)
     except (OSError, ValueError) as err:

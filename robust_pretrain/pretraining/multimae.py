@@ -1,0 +1,624 @@
+"""Task-robust multi-modal masked-autoencoder pre-training (MM-MAE): one task per image modality.
+
+    accelerate launch recipes/pretrain_multimae.py --config recipes/configs/vision_demo.yaml [--max_steps 100 ...]
+    robust-pretrain-multimae --config recipes/configs/vision_demo.yaml      (the same, one process)
+
+Data: generated indoor scenes by default (:mod:`robust_pretrain.vision.scenes`: RGB, metric depth, class maps), or a
+folder layout ``<root>/<split>/{rgb,depth,semseg}/<id>.<ext>`` (``--image_folder``), or any ``datasets`` dataset
+(``--dataset_name`` with ``--column_mapping rgb=image depth=depth_map ...``). A modality the data do not have is an
+absent task (no loss, weight 0). Training examples get one random resized crop and flip shared by all their
+modalities (the image processor) and a Dirichlet(``mask_alpha``) split of ``num_visible_tokens`` visible patches
+across their modalities (the collator); both draw from ``(seed, epoch, image id)``, so a resumed run sees the same
+crops and masks as an uninterrupted one. Held-out images are resized whole and masked by a fixed draw
+(``eval_masking_seed``, image id): every evaluation, run and strategy scores the same patches.
+
+Every option can come from the ``--config`` YAML/JSON file and be overridden on the command line. The run writes into
+``output_dir``: ``model.safetensors``, ``config.json``, ``preprocessor_config.json`` (``AutoModelForPreTraining`` /
+``AutoImageProcessor`` load them, no remote code), ``task_report.json`` (per-modality held-out loss, mean, worst),
+``task_weights.png``, ``reconstructions.png`` (held-out images: input, masked input, prediction, target per modality),
+a model card (README.md), ``*_results.json`` and the Trainer's checkpoints; it resumes from the last checkpoint in
+``output_dir`` when there is one (with the same settings).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForPreTraining, HfArgumentParser, set_seed
+
+from robust_pretrain.card import (
+    ModelCardContent,
+    TrainingData,
+    card_renderer,
+    hub_dataset,
+    modality_tasks,
+)
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
+from robust_pretrain.config import parse_with_config
+from robust_pretrain.pretraining.common import (
+    create_trainer,
+    peek_option,
+    prepare_output_dir,
+    push,
+    setup_logging,
+    train_and_evaluate,
+    training_settings,
+    validate_training_args,
+    write_report_and_card,
+    write_run_config,
+)
+from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
+from robust_pretrain.seeding import SetEpochCallback
+from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.vision.collator import ModalityMaskCollator
+from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor, MultiMAETransform
+
+logger = logging.getLogger(__name__)
+
+RECONSTRUCTIONS_NAME = "reconstructions.png"
+# From-scratch presets: encoder layers, hidden, heads, intermediate; decoder hidden, layers, heads, intermediate.
+MODEL_SIZES = {
+    "tiny": (2, 64, 4, 256, 64, 1, 4, 256),
+    "small": (6, 256, 4, 1024, 128, 2, 4, 512),
+    "base": (12, 768, 12, 3072, 256, 2, 8, 1024),  # ViT-B encoder and MultiMAE's decoders
+}
+# Options that do not change what a run computes: they may differ when it resumes.
+NOT_SETTINGS = {"overwrite_output_dir", "num_reconstructions"}
+HELD_OUT = "held_out"  # marks held-out rows for the collate function: they get the fixed evaluation masks
+LOSS_DESCRIPTIONS = {"mse": "MSE", "l1": "L1 on valid pixels", "cross_entropy": "cross-entropy"}
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "MM-MAE checkpoint (local dir or Hub id) to continue pre-training; it must load with "
+            "AutoModelForPreTraining. Leave unset to train from scratch (see model_size)."
+        },
+    )
+    model_size: str = field(
+        default="tiny", metadata={"help": "From-scratch MM-MAE preset.", "choices": list(MODEL_SIZES)}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "From scratch: override config values, e.g. 'hidden_size=128,num_hidden_layers=4'."},
+    )
+    modalities: list[str] = field(
+        default_factory=lambda: list(MODALITIES),
+        metadata={"help": "Modalities = tasks, among rgb, depth, semseg (a checkpoint's by default)."},
+    )
+    num_semseg_classes: int | None = field(
+        default=None, metadata={"help": "Classes of the semseg maps (default for generated scenes: their classes)."}
+    )
+    semseg_ignore_index: int = field(default=255, metadata={"help": "Class id of unlabelled semseg pixels."})
+    image_size: int = field(default=224, metadata={"help": "Side of the square images the model is trained on."})
+    patch_size: int = field(default=16, metadata={"help": "Side of a patch (image_size must be a multiple)."})
+
+
+@dataclass
+class DataArguments:
+    image_folder: str | None = field(
+        default=None,
+        metadata={"help": "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext>, matched by file stem."},
+    )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Dataset on the Hub or a local dataset folder (datasets.load_dataset)."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of dataset_name."})
+    column_mapping: list[str] = field(
+        default_factory=list,
+        metadata={"help": "dataset_name columns as target=column, e.g. rgb=image depth=depth_map id=file_name."},
+    )
+    train_split: str = field(default="train", metadata={"help": "Training split of image_folder / dataset_name."})
+    validation_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out split (default: 'validation', else 'test'; neither: validation_split_percentage "
+            "of the training data)."
+        },
+    )
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percent of the training data held out when there is no held-out split."}
+    )
+    depth_scale: float = field(default=1000.0, metadata={"help": "Integer depth units per metre (1000: millimetres)."})
+    num_train_scenes: int = field(default=2000, metadata={"help": "Generated scenes: training images."})
+    num_eval_scenes: int = field(default=200, metadata={"help": "Generated scenes: held-out images."})
+    scene_size: int = field(default=256, metadata={"help": "Generated scenes: rendered side in pixels."})
+    scene_seed: int = field(default=0, metadata={"help": "Generated scenes: seed (train and test scenes differ)."})
+    num_visible_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Visible patches per image over all its modalities (default: 1/6 of all, as MultiMAE)."},
+    )
+    mask_alpha: float = field(
+        default=1.0, metadata={"help": "Dirichlet concentration of the split of visible patches across modalities."}
+    )
+    crop_scale: list[float] = field(
+        default_factory=lambda: [0.2, 1.0], metadata={"help": "Random resized crop: area fraction range."}
+    )
+    crop_ratio: list[float] = field(
+        default_factory=lambda: [0.75, 4 / 3], metadata={"help": "Random resized crop: aspect ratio range."}
+    )
+    flip_probability: float = field(default=0.5, metadata={"help": "Horizontal flip probability."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the held-out set."})
+    eval_masking_seed: int = field(
+        default=1234, metadata={"help": "Seed of the held-out masks: every evaluation and run scores the same ones."}
+    )
+    num_reconstructions: int = field(default=4, metadata={"help": "Held-out images shown in reconstructions.png."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Start afresh even if output_dir holds checkpoints (they are deleted)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.image_folder is not None and self.dataset_name is not None:
+            raise UsageError("give --image_folder or --dataset_name, not both")
+        if self.column_mapping and self.dataset_name is None:
+            raise UsageError("--column_mapping applies to --dataset_name only")
+        if not 0 < self.validation_split_percentage < 100:
+            raise UsageError(
+                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
+            )
+        for name in ("num_train_scenes", "num_eval_scenes", "max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be a positive integer, got {getattr(self, name)}")
+        if not self.mask_alpha > 0:
+            raise UsageError(f"--mask_alpha must be > 0, got {self.mask_alpha}")
+        if self.num_visible_tokens is not None and self.num_visible_tokens < 1:
+            raise UsageError(f"--num_visible_tokens must be >= 1, got {self.num_visible_tokens}")
+        if len(self.crop_scale) != 2 or len(self.crop_ratio) != 2:
+            raise UsageError("--crop_scale and --crop_ratio take two values each (min max)")
+        if self.num_reconstructions < 0:
+            raise UsageError(f"--num_reconstructions must be >= 0, got {self.num_reconstructions}")
+
+    def mapping(self) -> dict[str, str]:
+        """``--column_mapping`` as {target: column}."""
+        pairs = [item.partition("=") for item in self.column_mapping]
+        bad = [item for item, (target, sep, column) in zip(self.column_mapping, pairs, strict=True)
+               if not (target and sep and column)]
+        if bad:
+            raise UsageError(f"--column_mapping entries look like target=column, got {bad}")
+        return {target: column for target, _, column in pairs}
+
+
+def _task_names_from_argv(argv: list[str]) -> list[str]:
+    """The modalities (= task names) before the full parse: --modalities, else a checkpoint's, else all three."""
+    modalities = peek_option(argv, "modalities", nargs="+")
+    checkpoint = peek_option(argv, "model_name_or_path")
+    if modalities is None and checkpoint is not None:
+        check_checkpoint(checkpoint)
+        try:
+            return list(AutoConfig.from_pretrained(checkpoint).task_names)
+        except (OSError, ValueError, AttributeError) as err:
+            raise UsageError(f"--model_name_or_path {checkpoint}: not an MM-MAE checkpoint ({err})") from err
+    modalities = list(MODALITIES) if modalities is None else [str(m) for m in modalities]
+    unknown = [m for m in modalities if m not in MODALITIES]
+    if unknown or not modalities or len(set(modalities)) != len(modalities):
+        raise UsageError(f"--modalities {modalities}: give distinct names among {list(MODALITIES)}")
+    return modalities
+
+
+def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments) -> dict:
+    """Every setting that changes the result (model, data, augmentation, masking, strategy, optimiser, schedule,
+    seeds): a run resumes only with the same ones (``max_steps`` may grow)."""
+    config = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
+    config.update(training_settings(training_args))
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+
+
+def _held_out_split(available: list[str], data_args: DataArguments) -> str | None:
+    if data_args.validation_split is not None:
+        if data_args.validation_split not in available:
+            raise UsageError(f"--validation_split {data_args.validation_split!r} not found (splits: {available})")
+        return data_args.validation_split
+    return next((name for name in ("validation", "test") if name in available), None)
+
+
+def load_images(data_args: DataArguments, model_args: ModelArguments, num_classes: int | None) -> tuple[Any, Any]:
+    """The training and held-out ``datasets.Dataset`` (``id`` + modality columns), checked image by image (folder
+    and datasets loaders): a corrupt file, a depth map without valid pixel, a class id >= ``num_classes`` or an image
+    smaller than one patch is refused, naming the file or row."""
+    from robust_pretrain.vision import loaders, scenes
+
+    checks = dict(ignore_index=model_args.semseg_ignore_index, num_classes=num_classes,
+                  depth_scale=data_args.depth_scale, patch_size=model_args.patch_size)
+    if data_args.image_folder is not None:
+        root = Path(data_args.image_folder)
+        if not (root / data_args.train_split).is_dir():
+            raise UsageError(f"--image_folder {root}: no {data_args.train_split}/ folder (expected "
+                             f"{root}/{data_args.train_split}/{{rgb,depth,semseg}}/<id>.<ext>)")
+        splits = sorted(p.name for p in root.iterdir() if p.is_dir())
+        held_out = _held_out_split(splits, data_args)
+        try:
+            train = loaders.load_image_folder(root, data_args.train_split, modalities=model_args.modalities, **checks)
+            evaluation = None if held_out is None else loaders.load_image_folder(
+                root, held_out, modalities=model_args.modalities, **checks)
+        except (ValueError, FileNotFoundError) as err:
+            raise UsageError(f"--image_folder {root}: {err}") from err
+    elif data_args.dataset_name is not None:
+        import datasets
+
+        mapping = data_args.mapping() or {m: m for m in model_args.modalities}
+        try:
+            raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+        except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+            raise UsageError(f"--dataset_name {data_args.dataset_name}: {err}") from err
+        held_out = _held_out_split(list(raw), data_args)
+        if data_args.train_split not in raw:
+            raise UsageError(f"--dataset_name {data_args.dataset_name} has no split {data_args.train_split!r} "
+                             f"(splits: {list(raw)}); set --train_split")
+        available = set(raw[data_args.train_split].column_names)
+        mapping = {t: c for t, c in mapping.items() if c in available or t not in MODALITIES}
+        try:
+            train = loaders.load_mapped_dataset(raw[data_args.train_split], mapping, **checks)
+            evaluation = None if held_out is None else loaders.load_mapped_dataset(raw[held_out], mapping, **checks)
+        except ValueError as err:
+            raise UsageError(f"--dataset_name {data_args.dataset_name}: {err}") from err
+    else:
+        config = scenes.SceneConfig(image_size=data_args.scene_size)
+        train = scenes.generate_scenes(data_args.num_train_scenes, "train", data_args.scene_seed, config)
+        evaluation = scenes.generate_scenes(data_args.num_eval_scenes, "test", data_args.scene_seed, config)
+    if evaluation is None:
+        split = train.train_test_split(test_size=data_args.validation_split_percentage / 100, seed=0)
+        train, evaluation = split["train"], split["test"]
+    if data_args.max_train_samples is not None:
+        train = train.select(range(min(data_args.max_train_samples, len(train))))
+    if data_args.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(data_args.max_eval_samples, len(evaluation))))
+    return train, evaluation
+
+
+def training_data_card(data_args: DataArguments, train_size: int, eval_size: int) -> TrainingData:
+    if data_args.dataset_name is not None:
+        return hub_dataset(data_args.dataset_name, data_args.dataset_config_name)
+    if data_args.image_folder is not None:
+        name = Path(data_args.image_folder).resolve().name
+        return TrainingData(f"The image folder `{name}` ({train_size} training and {eval_size} held-out images; see "
+                            "its own license).")
+    from robust_pretrain.vision import scenes
+
+    return TrainingData(
+        f"{train_size} procedural indoor scenes rendered by `robust_pretrain.vision.scenes` (generator "
+        f"v{scenes.GENERATOR_VERSION}, seed {data_args.scene_seed}, {data_args.scene_size}x{data_args.scene_size} "
+        f"pixels): RGB, metric depth and class maps ({', '.join(scenes.CLASS_NAMES)}), mutually consistent by "
+        f"ray casting; no external images. {eval_size} other scenes (the `test` split) are held out."
+    )
+
+
+@dataclass
+class HeldOutOrTrainingCollator:
+    """Training rows get the epoch's random masks; held-out rows (a ``held_out`` column) the fixed evaluation masks
+    (collator with the evaluation seed, whose epoch never changes: masks are a function of the image id only)."""
+
+    training: ModalityMaskCollator
+    held_out: ModalityMaskCollator
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        return (self.held_out if HELD_OUT in features[0] else self.training)(features)
+
+
+# --------------------------------------------------------------------------------------------------------- model
+
+
+def modality_specs(model_args: ModelArguments, num_classes: int | None) -> list[ModalitySpec]:
+    specs = []
+    for name in model_args.modalities:
+        if name == "semseg":
+            if num_classes is None:
+                raise UsageError("--num_semseg_classes: the semseg modality needs the number of classes of the data")
+            specs.append(ModalitySpec(name, "semseg", num_classes=num_classes,
+                                      ignore_index=model_args.semseg_ignore_index))
+        else:
+            specs.append(ModalitySpec(name, name))
+    return specs
+
+
+def load_model(model_args: ModelArguments, num_classes: int | None):
+    if model_args.model_name_or_path is not None:
+        try:
+            model = AutoModelForPreTraining.from_pretrained(model_args.model_name_or_path)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {err}") from err
+        if getattr(model.config, "model_type", None) != MultiMAEConfig.model_type:
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path} is a {model.config.model_type} "
+                             "checkpoint, not MM-MAE (model_type multimae)")
+        return model
+    layers, hidden, heads, intermediate, dec_hidden, dec_layers, dec_heads, dec_intermediate = MODEL_SIZES[
+        model_args.model_size
+    ]
+    try:
+        config = MultiMAEConfig(
+            modalities=modality_specs(model_args, num_classes),
+            image_size=model_args.image_size,
+            patch_size=model_args.patch_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            decoder_hidden_size=dec_hidden,
+            decoder_num_hidden_layers=dec_layers,
+            decoder_num_attention_heads=dec_heads,
+            decoder_intermediate_size=dec_intermediate,
+        )
+        if model_args.config_overrides:
+            config.update_from_string(model_args.config_overrides)
+            config = MultiMAEConfig(**config.to_dict())  # re-validated
+    except ValueError as err:
+        raise UsageError(f"model settings (--image_size, --patch_size, --config_overrides): {err}") from err
+    return AutoModelForPreTraining.from_config(config)
+
+
+def build_processor(model_args: ModelArguments, data_args: DataArguments, config: MultiMAEConfig):
+    semseg = next((spec for spec in config.modalities if spec.kind == "semseg"), None)
+    try:
+        return MultiMAEImageProcessor(
+            size={"height": config.image_height, "width": config.image_width},
+            crop_scale=data_args.crop_scale,
+            crop_ratio=data_args.crop_ratio,
+            flip_probability=data_args.flip_probability,
+            depth_scale=data_args.depth_scale,
+            ignore_index=semseg.ignore_index if semseg else model_args.semseg_ignore_index,
+            num_classes=semseg.num_classes if semseg else None,
+        )
+    except ValueError as err:
+        raise UsageError(f"augmentation settings (--crop_scale, --crop_ratio, --flip_probability): {err}") from err
+
+
+# ------------------------------------------------------------------------------------------------------ outputs
+
+
+def _loss_description(spec: ModalitySpec) -> str:
+    if spec.loss == "mse" and spec.norm_pix_loss:
+        return "MSE on per-patch normalised pixels"
+    if spec.kind == "semseg":
+        return f"cross-entropy (ignore index {spec.ignore_index})"
+    return LOSS_DESCRIPTIONS[spec.loss] + (" (metres)" if spec.kind == "depth" else "")
+
+
+def card_modalities(config: MultiMAEConfig) -> dict[str, dict[str, Any]]:
+    return {
+        spec.name: {
+            "kind": spec.kind,
+            "channels": f"{spec.num_classes} classes" if spec.kind == "semseg" else spec.channels,
+            "loss": _loss_description(spec),
+        }
+        for spec in config.modalities
+    }
+
+
+def _display(spec: ModalitySpec, values: torch.Tensor, processor: MultiMAEImageProcessor, target: bool) -> np.ndarray:
+    """One image (C,H,W) or class map (H,W) / logits (C,H,W) as matplotlib draws it: RGB in [0, 1], depth in
+    metres, class ids; a target's invalid depth and ignored classes are NaN."""
+    if spec.kind == "rgb":
+        mean = torch.tensor(processor.image_mean)[:, None, None]
+        std = torch.tensor(processor.image_std)[:, None, None]
+        return (values.float() * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
+    if spec.kind == "depth":
+        depth = values.float()[0].numpy()
+        return np.where(depth > 0, depth, np.nan) if target else depth
+    ids = (values.argmax(0) if values.dim() == 3 else values).numpy().astype(float)
+    return np.where(ids == spec.ignore_index, np.nan, ids) if target else ids
+
+
+def _patch_pixels(hidden: np.ndarray, patch: int, grid_width: int) -> np.ndarray:
+    """Per-patch flags (N,) as a per-pixel boolean image."""
+    return np.kron(hidden.reshape(-1, grid_width), np.ones((patch, patch))).astype(bool)
+
+
+def _style(spec: ModalitySpec, image: np.ndarray) -> dict[str, Any]:
+    """``imshow`` options of a modality: depth on the colour scale of ``image`` (the target), classes by id."""
+    import matplotlib.pyplot as plt
+
+    if spec.kind == "depth":
+        finite = image[np.isfinite(image)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        return dict(cmap=plt.get_cmap("viridis").with_extremes(bad="white"), vmin=low, vmax=high)
+    if spec.kind == "semseg":
+        return dict(cmap=plt.get_cmap("tab20").with_extremes(bad="white"), vmin=-0.5, vmax=19.5,
+                    interpolation="nearest")
+    return {}
+
+
+def plot_reconstructions(model, batch: dict[str, torch.Tensor], ids: list[str], processor, path: Path) -> Path:
+    """Per held-out image, one row per modality: the image's RGB input (first row), the modality's masked input
+    (hidden patches grey), the prediction, the prediction with the visible patches pasted in, and the target; each
+    row names the image's loss on the hidden patches. Depth: metres (viridis, white = invalid); semseg: one colour
+    per class (white = ignored)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    config: MultiMAEConfig = model.config
+    present = [spec for spec in config.modalities if spec.name in batch]
+    context = next((spec for spec in present if spec.kind == "rgb"), present[0])
+    model.eval()
+    with torch.no_grad():
+        outputs = [model(**{k: v[i : i + 1] for k, v in batch.items()}) for i in range(len(ids))]
+    rows = [(i, spec) for i in range(len(ids)) for spec in present]
+    titles = ("input", "masked input", "prediction", "prediction + visible", "target")
+    fig, axes = plt.subplots(len(rows), len(titles), figsize=(1.75 * len(titles), 1.75 * len(rows) + 0.5),
+                             squeeze=False)
+    patch, grid_width = config.patch_size, batch[present[0].name].shape[-1] // config.patch_size
+    for r, (i, spec) in enumerate(rows):
+        target = _display(spec, batch[spec.name][i], processor, target=True)
+        prediction = _display(spec, outputs[i].predictions[spec.name][0], processor, target=False)
+        hidden = batch[f"mask_{spec.name}"][i].numpy()
+        pixels = _patch_pixels(hidden, patch, grid_width)
+        pasted = np.where(pixels[..., None] if target.ndim == 3 else pixels, prediction, target)
+        style = _style(spec, target)
+        for c, image in enumerate((None, target, prediction, pasted, target)):
+            ax = axes[r, c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                if spec is present[0]:
+                    context_image = _display(context, batch[context.name][i], processor, target=True)
+                    ax.imshow(context_image, **_style(context, context_image))
+                    ax.set_ylabel(ids[i], fontsize=8)
+                else:
+                    ax.axis("off")
+                continue
+            ax.imshow(image, **style)
+            if c == 1:
+                ax.imshow(np.where(pixels[..., None], (0.55, 0.55, 0.55, 1.0), (0.0, 0.0, 0.0, 0.0)))  # grey: hidden
+                ax.set_ylabel(spec.name, fontsize=9)
+                ax.set_xlabel(f"{int((~hidden).sum())}/{hidden.size} patches visible", fontsize=7)
+            if c == 2:
+                ax.set_xlabel(f"hidden-patch loss {float(outputs[i].task_losses[spec.name]):.3f}", fontsize=7)
+    for ax, title in zip(axes[0], titles, strict=True):
+        ax.set_title(title, fontsize=9)
+    fig.suptitle("Held-out reconstructions (fixed evaluation masks)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-multimae``, ``recipes/pretrain_multimae.py``): exit status 2 and one
+    paragraph for a bad option, file or checkpoint."""
+    return run_console(run, argv, prog="robust-pretrain-multimae")
+
+
+def run(argv: list[str]) -> dict:
+    """Pre-train as ``argv`` says; the held-out metrics and the task report."""
+    task_names = _task_names_from_argv(argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
+    parser.set_defaults(
+        modalities=task_names,
+        task_names=task_names,
+        report_to=[],
+        save_total_limit=3,
+        remove_unused_columns=False,  # the image transform needs the raw columns and the ids
+        learning_rate=1e-4,  # the paper's (MultiMAE's) optimiser: AdamW, lr 1e-4, wd 0.05, warm-up then cosine
+        weight_decay=0.05,
+        adam_beta2=0.95,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.05,
+    )
+    model_args, data_args, training_args = parse_with_config(parser, argv)
+    if list(training_args.task_names) != list(model_args.modalities):
+        raise UsageError(f"--task_names {training_args.task_names} differ from the modalities {model_args.modalities}")
+    validate_training_args(training_args)
+    check_checkpoint(model_args.model_name_or_path)
+
+    setup_logging(training_args, logger)
+    logger.info("weighting=%s modalities=%s output_dir=%s", training_args.weighting, task_names,
+                training_args.output_dir)
+    settings = run_config(model_args, data_args, training_args)
+    resume_checkpoint = prepare_output_dir(training_args, settings, overwrite=data_args.overwrite_output_dir)
+    set_seed(training_args.seed)
+
+    scene_data = data_args.image_folder is None and data_args.dataset_name is None
+    num_classes = model_args.num_semseg_classes
+    if num_classes is None and scene_data:
+        from robust_pretrain.vision import scenes
+
+        num_classes = scenes.NUM_CLASSES
+    model = load_model(model_args, num_classes if "semseg" in task_names else None)
+    config: MultiMAEConfig = model.config
+    semseg = next((spec for spec in config.modalities if spec.kind == "semseg"), None)
+    train_raw, eval_raw = load_images(data_args, model_args, semseg.num_classes if semseg else num_classes)
+    for split, data in (("training", train_raw), ("held-out", eval_raw)):
+        absent = [name for name in task_names if name not in data.column_names]
+        if absent:
+            logger.warning("The %s data have no %s column: absent task(s), no loss and weight 0", split, absent)
+        if len(absent) == len(task_names):
+            raise UsageError(f"the {split} data have none of the modalities {task_names} (columns: "
+                             f"{data.column_names}); map them with --column_mapping or set --modalities")
+    processor = build_processor(model_args, data_args, config)
+    budget = data_args.num_visible_tokens or max(1, len(task_names) * config.num_patches // 6)
+    if budget > config.num_patches * len(task_names):
+        raise UsageError(f"--num_visible_tokens {budget} exceeds the {config.num_patches * len(task_names)} patches "
+                         f"of {len(task_names)} modalities at --image_size {config.image_size}")
+
+    columns = {name: name for name in task_names}
+    train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
+    train_dataset = train_raw.with_transform(train_transform)
+    eval_dataset = eval_raw.add_column(HELD_OUT, [True] * len(eval_raw)).with_transform(
+        MultiMAETransform(processor, train=False, column_mapping=columns, keep_columns=("id", HELD_OUT))
+    )
+
+    def mask_collator(seed: int) -> ModalityMaskCollator:
+        fill = {s.name: (s.ignore_index if s.kind == "semseg" else 0.0) for s in config.modalities if s.kind != "rgb"}
+        return ModalityMaskCollator(budget, config.patch_size, alpha=data_args.mask_alpha, modalities=task_names,
+                                    fill_values=fill, seed=seed)
+
+    train_collator = mask_collator(training_args.seed)
+    collator = HeldOutOrTrainingCollator(train_collator, mask_collator(data_args.eval_masking_seed))
+
+    write_run_config(training_args, settings)
+    trainer = create_trainer(
+        training_args,
+        model=model,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=processor,
+        data_collator=collator,
+        callbacks=[SetEpochCallback([train_transform, train_collator])],  # new crops and masks each epoch
+    )
+    eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
+
+    report_settings = {
+        "weighting": training_args.weighting,
+        "settings": {
+            "weighting": training_args.weighting,
+            **training_args.weighting_options(),
+            "image_size": config.image_size,
+            "patch_size": config.patch_size,
+            "num_visible_tokens": budget,
+            "mask_alpha": data_args.mask_alpha,
+            "max_steps": trainer.state.max_steps,
+            "learning_rate": training_args.learning_rate,
+            "per_device_train_batch_size": training_args.per_device_train_batch_size,
+            "seed": training_args.seed,
+            "processes": training_args.world_size,
+        },
+    }
+    report = task_report(task_names, trainer.state.log_history, eval_metrics, report_settings,
+                         trainer.step_weights.tolist())
+    output_dir = Path(training_args.output_dir)
+    base = trainer.accelerator.unwrap_model(trainer.model)
+    notes = ()
+    if training_args.should_save and data_args.num_reconstructions:
+        shown = eval_dataset.select(range(min(data_args.num_reconstructions, len(eval_dataset))))
+        examples = [shown[i] for i in range(len(shown))]
+        plot_reconstructions(base, collator(examples), [e["id"] for e in examples], processor,
+                             output_dir / RECONSTRUCTIONS_NAME)
+        notes = (f"Held-out reconstructions (input, masked input, prediction, target per modality):\n\n"
+                 f"![Held-out reconstructions]({RECONSTRUCTIONS_NAME})",)
+    write_report_and_card(
+        trainer,
+        report,
+        task_names,
+        card_renderer(
+            trainer,
+            ModelCardContent(
+                architecture=type(base).__name__,
+                tasks=replace(modality_tasks(card_modalities(config)), notes=notes),
+                report=report,
+                training_data=training_data_card(data_args, len(train_raw), len(eval_raw)),
+                base_model=model_args.model_name_or_path,
+                plot=TRAJECTORY_PLOT_NAME,
+            ),
+        ),
+    )
+    push(trainer)
+    return {**eval_metrics, "report": report}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
