@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, random_batch, tiny_config
 from torch.nn import functional as F
 from transformers import (
@@ -338,6 +339,25 @@ def test_minimax_trainer_trains_multimae_and_logs_task_losses(modalities, tmp_pa
         for name in ("rgb", "depth", "semseg"):
             assert entry[f"task_weight/{name}"] == pytest.approx(expected.get(name, 0.0), abs=1e-5), name
         assert ("task_loss/depth" in entry) == ("depth" in modalities)
+
+
+def test_ddp_two_processes_with_a_modality_absent_on_one_rank(tmp_path):
+    """A batch without depth on one process and with depth on the other: DDP still syncs every parameter, the depth
+    task is present for the step (its loss logged, its weight > 0) and both processes agree."""
+    script = Path(__file__).with_name("vision_ddp_run.py")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561"]
+    result = subprocess.run([*launch, str(script), "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert runs[0]["logs"] == runs[1]["logs"]
+    had_depth = list(zip(runs[0]["had_depth"], runs[1]["had_depth"], strict=True))
+    depth_steps = [step for step, ranks in enumerate(had_depth) if any(ranks)]
+    assert any(had_depth[step][0] != had_depth[step][1] for step in depth_steps)
+    for step, entry in enumerate(runs[0]["logs"]):
+        assert ("task_loss/depth" in entry) == (step in depth_steps)
+        assert (entry["task_weight/depth"] > 0) == (step in depth_steps)
+    params = [load_file(tmp_path / f"params-rank{rank}.safetensors") for rank in (0, 1)]
+    assert all(torch.equal(params[0][key], params[1][key]) for key in params[0])
 
 
 def test_encoder_loads_from_pretraining_checkpoint(tmp_path):
