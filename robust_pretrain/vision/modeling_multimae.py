@@ -10,6 +10,10 @@ Pre-training (:class:`MultiMAEForPreTraining`): one decoder per modality (= task
 of all modalities (projected to its width, with position and source-modality embeddings) followed by one query
 token per patch of its modality, runs a few ViT layers over that sequence and predicts every patch of its modality;
 only the hidden patches are scored.
+
+Fine-tuning (:class:`MultiMAEForImageClassification`, :class:`MultiMAEForSemanticSegmentation`,
+:class:`MultiMAEForDepthEstimation`): every patch of ``config.finetune_modalities`` (RGB by default) is encoded; a
+linear classifier reads the global token, the dense heads are transformers' DPT neck and heads.
 """
 
 from __future__ import annotations
@@ -520,12 +524,11 @@ class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
             if rgb_name in inputs:
                 raise ValueError(f"give the RGB input once, as pixel_values or as {rgb_name!r}")
             inputs[rgb_name] = pixel_values
+        if masks:
+            raise ValueError(f"{type(self).__name__} encodes every patch: no masks (got mask_ for {sorted(masks)})")
         missing = [name for name in allowed if name not in inputs]
-        if masks or missing:
-            raise ValueError(
-                f"{type(self).__name__} encodes every patch of finetune_modalities {allowed}: missing {missing}"
-                + (f", masks are not accepted (got mask_{sorted(masks)})" if masks else "")
-            )
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs the finetune_modalities {allowed}: missing {missing}")
         _, grid_h, grid_w = self.multimae.grid_size(inputs)
         patch = self.config.patch_size
         output = self.multimae.encode(inputs, {}, output_hidden_states=hidden_states)
