@@ -100,7 +100,7 @@ class TaskGroupedMLMCollator:
         digest = hashlib.blake2b(digest_size=16)
         for tensor in tensors:
             digest.update(str(tuple(tensor.shape)).encode())
-            digest.update(tensor.numpy().tobytes())
+            digest.update(tensor.contiguous().numpy())
         sequence = np.random.SeedSequence([self._base_seed, self.epoch, int.from_bytes(digest.digest(), "little")])
         return torch.Generator().manual_seed(int(sequence.generate_state(1, dtype=np.uint64)[0]))
 
