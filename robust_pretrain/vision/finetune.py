@@ -29,6 +29,7 @@ recomputes the reported scores from it), for classification also ``predict_resul
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -70,9 +71,11 @@ logger = logging.getLogger(__name__)
 
 TASKS = ("semseg", "depth", "classification")
 PRIMARY_METRICS = {"semseg": "mean_iou", "depth": "delta1", "classification": "top1_accuracy"}
+# Model class and the modules LoRA trains fully and saves: the DPT neck and head (named by its only child, so peft's
+# suffix match cannot also catch that child as a second module to save).
 MULTIMAE_HEADS = {
-    "semseg": (MultiMAEForSemanticSegmentation, ["neck", "head"]),
-    "depth": (MultiMAEForDepthEstimation, ["neck", "head"]),
+    "semseg": (MultiMAEForSemanticSegmentation, ["neck", "head.head"]),
+    "depth": (MultiMAEForDepthEstimation, ["neck", "head.head"]),
     "classification": (MultiMAEForImageClassification, ["classifier"]),
 }
 PREDICTIONS_PLOT = "predictions.png"
@@ -433,6 +436,16 @@ def checkpoint_model_type(checkpoint: str, task: str) -> str:
     return model_type
 
 
+def checkpoint_normalisation(checkpoint: str) -> dict[str, list[float]]:
+    """``image_mean`` / ``image_std`` of a local checkpoint's ``preprocessor_config.json`` (e.g. 0.5 for Google's
+    ViTs), else nothing (the processor's ImageNet defaults, which MM-MAE pre-training uses)."""
+    path = Path(checkpoint) / "preprocessor_config.json"
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    return {key: saved[key] for key in ("image_mean", "image_std") if key in saved}
+
+
 def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_names: list[str] | None,
                ignore_index: int) -> tuple[PreTrainedModel | PeftModel, int]:
     """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size the
@@ -447,7 +460,11 @@ def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_name
         if run_args.input_modalities != ["rgb"]:
             raise UsageError(f"--input_modalities {run_args.input_modalities}: a ViT checkpoint reads rgb only")
         model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
-        image_size, head_modules = model.config.image_size, ["classifier"]
+        size = model.config.image_size
+        height, width = (size, size) if isinstance(size, int) else size
+        if height != width:
+            raise UsageError(f"{path}: image_size {size} is not square")
+        image_size, head_modules = height, ["classifier"]
     else:
         model_class, head_modules = MULTIMAE_HEADS[task]
         config = MultiMAEConfig.from_pretrained(path, semantic_loss_ignore_index=ignore_index, **labels)
@@ -707,6 +724,7 @@ def run_finetune(run_args: DenseRunArguments, data_args: DenseDataArguments, lor
         raise UsageError(f"--image_size {image_size}: the ViT checkpoint is trained at {checkpoint_size} pixels")
     num_labels = None if data.label_names is None else len(data.label_names)
     processor = MultiMAEImageProcessor(
+        **checkpoint_normalisation(run_args.model_name_or_path),
         size=image_size, crop_scale=data_args.crop_scale, flip_probability=data_args.flip_probability,
         depth_scale=data_args.depth_scale, ignore_index=data_args.ignore_index,
         num_classes=num_labels if task == "semseg" else None,
