@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
+from robust_pretrain.finetuning import LoraArguments, prepare_output_dir
 from robust_pretrain.glue.data import load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
@@ -76,19 +76,6 @@ class GlueDataArguments:
 
 
 @dataclass
-class LoraArguments:
-    """Optional LoRA fine-tuning via peft (the classification head is trained fully and saved with the adapter)."""
-
-    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling alpha."})
-    lora_dropout: float = field(default=0.1, metadata={"help": "Dropout on the LoRA branch."})
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["query", "value"], metadata={"help": "Module names that get LoRA adapters."}
-    )
-
-
-@dataclass
 class GlueTrainingArguments(TrainingArguments):
     """``TrainingArguments`` with the paper's GLUE fine-tuning defaults; trains, evaluates, saves the final model."""
 
@@ -105,26 +92,8 @@ class GlueTrainingArguments(TrainingArguments):
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the task's dev split(s) after training."})
 
 
-# What an earlier run leaves that must not survive beside a new model (the rest is overwritten file by file).
-_STALE_OUTPUTS = ("checkpoint-*", "*.safetensors", "model.safetensors.index.json", "adapter_config.json", "*.bin",
-                  "predict_results_*.txt")  # fmt: skip
-
-
-def prepare_output_dir(output_dir: str | Path, overwrite: bool, delete_stale: bool = True) -> None:
-    """Refuse an ``output_dir`` holding files unless ``overwrite``; then (if ``delete_stale``: the main process)
-    delete an earlier run's outputs that would otherwise remain beside the new model."""
-    path = Path(output_dir)
-    existing = sorted(child.name for child in path.iterdir()) if path.is_dir() else []
-    if existing and not overwrite:
-        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
-        raise UsageError(
-            f"--output_dir {path} already holds files of an earlier run ({shown}); choose another --output_dir or "
-            "pass --overwrite_output_dir true (deletes its checkpoint-* folders, weights and predictions first)"
-        )
-    for pattern in _STALE_OUTPUTS if existing and delete_stale else ():
-        for stale in path.glob(pattern):
-            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-    path.mkdir(parents=True, exist_ok=True)
+# What an earlier run leaves besides the model (robust_pretrain.finetuning deletes weights and checkpoints).
+_STALE_PREDICTIONS = ("predict_results_*.txt",)
 
 
 def predictions_file_name(task: str, split: str) -> str:
@@ -258,7 +227,9 @@ def run_finetune(
     check_checkpoint(run_args.model_name_or_path)
     check_checkpoint(run_args.tokenizer_name, "--tokenizer_name", model=False)
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
-    prepare_output_dir(training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save)
+    prepare_output_dir(
+        training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_PREDICTIONS
+    )
     set_seed(training_args.seed)
 
     tokenizer = AutoTokenizer.from_pretrained(
