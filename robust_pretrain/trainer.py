@@ -31,12 +31,16 @@ from typing import Any
 
 import torch
 import transformers
+from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
+from transformers.utils import logging
 
 from .task_losses import TargetPositionsHead, per_target_losses, reduce_by_task, target_task_ids
 from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
+
+logger = logging.get_logger(__name__)
 
 WEIGHTING_STATE_NAME = "weighting_state.json"
 #: batch columns kept whatever the model's ``forward`` accepts (``labels`` go with ``task_ids``, never to the model)
@@ -93,6 +97,20 @@ class MinimaxTrainer(Trainer):
         self.card_renderer: Callable[[], Any] | None = None
         if self.weighting.parameters():
             self.add_callback(_LearnableWeightsCallback(self))
+        self.add_callback(_LogLastStepCallback())
+        self._warn_if_fsdp_falls_back()
+
+    def _warn_if_fsdp_falls_back(self) -> None:
+        """Say so when FSDP was asked for but Accelerate runs another mode (on CPU it silently runs DDP)."""
+        requested = bool(self.args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        running = self.accelerator.distributed_type
+        if requested and running != DistributedType.FSDP:
+            logger.warning(
+                f"FSDP was requested (--fsdp or an Accelerate config with distributed_type FSDP) but Accelerate runs "
+                f"{running.value} on {self.args.device.type}: nothing is sharded, every process holds the full model, "
+                "gradients and optimizer state (on CPU: plain DDP). Accelerate shards only on GPUs and other "
+                "accelerators; the results equal an FSDP run's, the memory use does not."
+            )
 
     @property
     def num_tasks(self) -> int:
@@ -323,8 +341,21 @@ class MinimaxTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------ optimizer / checkpoints
     def create_optimizer(self, model=None):
-        optimizer = super().create_optimizer(model)
         params = self.weighting.parameters()
+        if params and self.is_fsdp_enabled and self.accelerator.distributed_type == DistributedType.FSDP:
+            raise ValueError(
+                f"weighting={self.args.weighting!r} learns parameters that are not the model's, and under FSDP the "
+                "optimizer may hold only the model's sharded parameters (Accelerate maps every optimizer parameter "
+                "to its shard: KeyError otherwise)"
+                + (
+                    "; GradNorm also needs per-task gradients of a whole shared layer, which FSDP holds as DTensor "
+                    "shards"
+                    if self.weighting.needs_grad_norms
+                    else ""
+                )
+                + ". Train it with DDP (no FSDP config), or use a loss-driven weighting (minimax, group_dro, ...)"
+            )
+        optimizer = super().create_optimizer(model)
         known = {id(p) for group in optimizer.param_groups for p in group["params"]}
         if params and not known & {id(p) for p in params}:
             lr = self.args.weighting_learning_rate or self.args.learning_rate
@@ -332,10 +363,25 @@ class MinimaxTrainer(Trainer):
         return optimizer
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model as the Trainer does, plus ``weighting_state.json`` (the strategy's state, JSON)."""
-        super().save_model(output_dir, _internal_call)
+        """Save the model as the Trainer does, plus ``weighting_state.json`` (the strategy's state, JSON).
+
+        Under FSDP with sharded checkpoints (``SHARDED_STATE_DICT``) the Trainer writes no model outside
+        checkpoints; a direct call (the final model) gathers the full weights into ``model.safetensors`` instead.
+        """
+        plugin = self.accelerator.state.fsdp_plugin if self.is_fsdp_enabled else None
+        sharded = plugin is not None and "SHARDED" in str(plugin.state_dict_type)
+        if sharded and not _internal_call:
+            plugin.set_state_dict_type("FULL_STATE_DICT")
+            try:
+                super().save_model(output_dir, _internal_call)
+            finally:
+                plugin.set_state_dict_type("SHARDED_STATE_DICT")
+        else:
+            super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            path = os.path.join(output_dir or self.args.output_dir, WEIGHTING_STATE_NAME)
+            directory = output_dir or self.args.output_dir
+            os.makedirs(directory, exist_ok=True)  # sharded FSDP checkpoints: the model files come later
+            path = os.path.join(directory, WEIGHTING_STATE_NAME)
             state = {
                 "task_names": self.task_names,
                 "weighting": self.args.weighting,
@@ -377,6 +423,15 @@ class MinimaxTrainer(Trainer):
         if isinstance(checkpoint, str):
             self.load_weighting_state(checkpoint)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+
+class _LogLastStepCallback(TrainerCallback):
+    """Logs the last optimizer step when ``max_steps`` is not a multiple of ``logging_steps`` (its task weights and
+    losses would otherwise be missing from the log history and the trajectory plot)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.logging_strategy == IntervalStrategy.STEPS and state.global_step >= state.max_steps > 0:
+            control.should_log = True
 
 
 class _LearnableWeightsCallback(TrainerCallback):

@@ -3,6 +3,14 @@
 As a script it writes, into ``--out``: ``grads-rank<r>.safetensors`` (the first step's gradients, before the optimizer
 step), ``weights-rank<r>.json`` (the weights of every step) and the Trainer's checkpoints; with ``--eval_examples N``
 it only evaluates (a ``labels`` + ``task_ids`` model and a ``task_losses`` model) and writes ``eval-rank<r>.json``.
+Every training run also writes ``run-rank<r>.json`` (Accelerate's distributed type, the wrapped model's class, whether
+the parameters are DTensor shards) and, on the main process, the final model into ``final/``.
+
+``--fsdp2`` trains under Accelerate's FSDP2 path on CPU, which Accelerate itself never selects there (on CPU it runs
+DDP, even with an FSDP config): after the trainer is built with the ordinary 2-process CPU state, the distributed type
+of Accelerate's shared states is set to FSDP with an FSDP2 plugin (BertLayer auto-wrap, sharded state dict), so
+``Trainer.train`` shards the model with Accelerate's ``fsdp2_prepare_model`` (torch ``fully_shard``) and saves sharded
+checkpoints.
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ import os
 import signal
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from datasets import Dataset
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 from transformers import BertConfig, BertForMaskedLM, TrainerCallback
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
@@ -23,13 +34,38 @@ TASKS = ["verb", "noun", "adjective"]
 VOCAB, SEQ = 64, 16
 
 
-def tiny_bert(seed: int = 0, dropout: float = 0.0) -> BertForMaskedLM:
+def tiny_bert(seed: int = 0, dropout: float = 0.0, untie_mlm_bias: bool = False) -> BertForMaskedLM:
+    """A 2-layer BERT masked LM. ``untie_mlm_bias`` gives the decoder its own copy of the output bias (Accelerate's
+    FSDP2 wrapping refuses the parameter that ``cls.predictions.bias`` and ``cls.predictions.decoder.bias`` share)."""
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=SEQ, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
     )
-    return BertForMaskedLM(config)
+    model = BertForMaskedLM(config)
+    if untie_mlm_bias:
+        head = model.cls.predictions
+        head.decoder.bias = torch.nn.Parameter(head.bias.detach().clone())
+    return model
+
+
+def force_fsdp2(trainer: MinimaxTrainer) -> None:
+    """Switch the trainer's (CPU, multi-process) Accelerate state to FSDP2 before ``train`` prepares the model."""
+    state = trainer.accelerator.state
+    state.distributed_type = PartialState().distributed_type = DistributedType.FSDP  # both shared states
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["BertLayer"],
+        state_dict_type="SHARDED_STATE_DICT",
+        reshard_after_forward=True,
+    )
+    trainer.is_fsdp_enabled = True
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (gathered from every process if it is a DTensor shard)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
 
 
 def masked_examples(n: int, seed: int = 0, num_tasks: int = len(TASKS)) -> dict[str, torch.Tensor]:
@@ -95,7 +131,7 @@ class RecordCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.grads is None:
             model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-            self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            self.grads = {n: full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
         self.weights.append(self.trainer.step_weights.tolist())
 
     def on_save(self, args, state, control, **kwargs):
@@ -117,14 +153,18 @@ def main() -> None:
     parser.add_argument("--kill_after_save", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--eval_examples", type=int, default=0)
+    parser.add_argument("--fsdp2", action="store_true")
+    parser.add_argument("--untie_mlm_bias", action="store_true")
+    parser.add_argument("--logging_steps", type=int, default=1)
+    parser.add_argument("--gpu", action="store_true", help="train on CUDA devices (default: CPU)")
     cli = parser.parse_args()
     args = MinimaxTrainingArguments(
         output_dir=cli.out, task_names=TASKS, weighting=cli.weighting, loss_ema=cli.loss_ema,
         per_device_train_batch_size=cli.batch_size, per_device_eval_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,
-        max_steps=cli.max_steps, learning_rate=1e-3, max_grad_norm=0.0, logging_steps=1,
+        max_steps=cli.max_steps, learning_rate=1e-3, max_grad_norm=0.0, logging_steps=cli.logging_steps,
         save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
-        report_to=[], use_cpu=True, seed=7, data_seed=7, disable_tqdm=True,
+        report_to=[], use_cpu=not cli.gpu, seed=7, data_seed=7, disable_tqdm=True,
     )
     if cli.eval_examples:
         os.makedirs(cli.out, exist_ok=True)
@@ -132,8 +172,12 @@ def main() -> None:
             json.dump(evaluate_both_modes(args, cli.eval_examples), f)
         return
     trainer = MinimaxTrainer(
-        model=tiny_bert(dropout=cli.dropout), args=args, train_dataset=as_dataset(masked_examples(cli.num_examples))
+        model=tiny_bert(dropout=cli.dropout, untie_mlm_bias=cli.untie_mlm_bias),
+        args=args,
+        train_dataset=as_dataset(masked_examples(cli.num_examples)),
     )
+    if cli.fsdp2:
+        force_fsdp2(trainer)
     record = RecordCallback(trainer, cli.out, cli.kill_after_save)
     trainer.add_callback(record)
     trainer.train(resume_from_checkpoint=True if cli.resume else None)
@@ -142,8 +186,17 @@ def main() -> None:
     save_file(grads, os.path.join(cli.out, f"grads-rank{rank}.safetensors"))
     with open(os.path.join(cli.out, f"weights-rank{rank}.json"), "w") as f:
         json.dump(record.weights, f)
-    if args.should_save:
-        trainer.save_model(os.path.join(cli.out, "final"))
+    run = {
+        "distributed_type": trainer.accelerator.distributed_type.value,
+        "wrapped_model": type(trainer.model_wrapped).__name__,
+        "dtensor_parameters": all(isinstance(p, DTensor) for p in trainer.model.parameters()),
+        "log_history": trainer.state.log_history,
+    }
+    with open(os.path.join(cli.out, f"run-rank{rank}.json"), "w") as f:
+        json.dump(run, f)
+    trainer.save_model(os.path.join(cli.out, "final"))  # every process: gathering FSDP shards is collective
+    if cli.fsdp2:  # what a checkpoint save does (sharded: no model file) into a folder that does not exist yet
+        trainer.save_model(os.path.join(cli.out, "sharded-save"), _internal_call=True)
 
 
 if __name__ == "__main__":
