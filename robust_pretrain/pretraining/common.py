@@ -140,7 +140,7 @@ def file_fingerprint(path: str | Path | None) -> str | None:
 
 def _differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
     keys = [k for k in {**previous, **current} if k != "max_steps" and previous.get(k) != current.get(k)]
-    return [f"--{k} {previous.get(k)!r} -> {current.get(k)!r}" for k in keys]
+    return [f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in keys]
 
 
 def check_output_dir(output_dir: str | Path, current: dict[str, Any], overwrite: bool) -> str | None:
@@ -165,7 +165,7 @@ def check_output_dir(output_dir: str | Path, current: dict[str, Any], overwrite:
     differences = _differences(previous, current)
     old_steps, new_steps = previous.get("max_steps"), current.get("max_steps")
     if old_steps != new_steps and not (isinstance(old_steps, int) and isinstance(new_steps, int) and old_steps > 0):
-        differences.append(f"--max_steps {old_steps!r} -> {new_steps!r}")
+        differences.append(f"max_steps: {old_steps!r} -> {new_steps!r}")
     if differences:
         raise UsageError(
             f"--output_dir {output_dir} holds a run with other settings ({'; '.join(differences)}); resuming it would "
