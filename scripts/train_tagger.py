@@ -11,21 +11,21 @@ import time
 from pathlib import Path
 
 from robust_pretrain.data.conllu import read_conllu, upos_accuracy
+from robust_pretrain.data.corpus import resolve_ud_dir
 from robust_pretrain.data.perceptron import VectorizedPerceptron, save_model, train_perceptron
 from robust_pretrain.data.taggers import SHIPPED_MODEL_PATH
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ud-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data" / "ud_ewt")
+    parser.add_argument("--ud-dir", default=None, help="UD English-EWT folder or hf://datasets/...")
     parser.add_argument("--output", type=Path, default=SHIPPED_MODEL_PATH)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    ud_dir = resolve_ud_dir(args.ud_dir)
 
-    train = [(s.words, s.upos) for s in read_conllu(args.ud_dir / "en_ewt-ud-train.conllu")]
+    train = [(s.words, s.upos) for s in read_conllu(ud_dir / "en_ewt-ud-train.conllu")]
     started = time.perf_counter()
     model = train_perceptron(train, n_iter=args.iterations, seed=args.seed)
     print(f"trained on {len(train)} sentences in {time.perf_counter() - started:.0f}s: "
@@ -34,7 +34,7 @@ def main() -> None:
     print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.2f} MB)")
     tagger = VectorizedPerceptron(model)
     for split in ("dev", "test"):
-        sentences = list(read_conllu(args.ud_dir / f"en_ewt-ud-{split}.conllu"))
+        sentences = list(read_conllu(ud_dir / f"en_ewt-ud-{split}.conllu"))
         score = upos_accuracy(tagger.tag([s.words for s in sentences]), sentences)
         print(f"UPOS accuracy on EWT {split}: {score:.4f} ({sum(len(s.words) for s in sentences)} words)")
 
