@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,7 +123,9 @@ def metrics_by_hand(task: str, saved: dict[str, np.ndarray]) -> dict[str, float]
     return {"eval_delta1": float(np.mean(deltas))}
 
 
-def check_outputs(task: str, output_dir: Path, metrics: dict[str, float], expected_ids: list[str]) -> None:
+def check_outputs(
+    task: str, output_dir: Path, metrics: dict[str, float], expected_ids: list[str], plotted_rows: int = 2
+) -> None:
     reported = json.loads((output_dir / "all_results.json").read_text())
     assert reported[PRIMARY[task]] == pytest.approx(metrics[PRIMARY[task]])
     assert np.isfinite(reported["train_loss"]) and reported["train_samples"] > 0
@@ -134,9 +139,9 @@ def check_outputs(task: str, output_dir: Path, metrics: dict[str, float], expect
     assert {f"eval_{key}": value for key, value in recomputed.items()} == pytest.approx(
         {key: value for key, value in reported.items() if key[len("eval_"):] in recomputed}
     )
-    with Image.open(output_dir / "predictions.png") as plot:  # 2 rows; 3 columns (input, prediction, target)
-        width, height = plot.size
-    assert (width > height) == (task != "classification")
+    with Image.open(output_dir / "predictions.png") as plot:  # 2.6-inch panels at 100 dpi
+        columns = 1 if task == "classification" else 3  # input (titled with both classes) / input, prediction, target
+        assert plot.size == (260 * columns, 260 * plotted_rows)
     card = (output_dir / "README.md").read_text()
     assert f"## Fine-tuning: {task}" in card and f"value: {round(reported[PRIMARY[task]], 4)}" in card
 
@@ -202,6 +207,30 @@ def test_vit_checkpoint_fine_tunes_for_classification(checkpoint: Path, tmp_path
     with pytest.raises(UsageError, match="is a ViT checkpoint; --task semseg needs"):
         finetune(vit, "semseg", tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+
+
+def test_two_processes_train_and_evaluate_like_one(checkpoint: Path, tmp_path: Path) -> None:
+    """torchrun, 2 processes: every eval image is scored once (5 images, uneven shards), the main process writes;
+    the saved model evaluated by one process gives the same predictions and scores."""
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "finetune_dense.py"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29577"]
+    common = ["--task", "depth", "--num_train_scenes", "8", "--num_eval_scenes", "5", "--scene_size", str(SIZE),
+              "--per_device_eval_batch_size", "2", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+    argv = ["--model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / "ddp"), "--max_steps", "2",
+            "--per_device_train_batch_size", "2", *common]  # fmt: skip
+    subprocess.run([*launch, str(recipe), *argv], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    downstream = scenes.generate_scenes(5, "downstream_test", 0, scenes.SceneConfig(image_size=SIZE))
+    distributed = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
+    check_outputs("depth", tmp_path / "ddp", distributed, downstream["id"], plotted_rows=4)
+    assert distributed["eval_samples"] == 5 and distributed["train_samples"] == 8
+
+    single = run(["--model_name_or_path", str(tmp_path / "ddp"), "--output_dir", str(tmp_path / "one"),
+                  "--do_train", "false", *common])  # fmt: skip
+    for key in ("eval_delta1", "eval_abs_rel", "eval_rmse"):
+        assert single[key] == pytest.approx(distributed[key], rel=1e-5)
+    one, two = (dict(np.load(tmp_path / run / "predictions_depth.npz")) for run in ("one", "ddp"))
+    assert one["ids"].tolist() == two["ids"].tolist()
+    np.testing.assert_allclose(one["predictions"], two["predictions"], rtol=1e-5, atol=1e-6)
 
 
 def test_layer_wise_learning_rate_decay() -> None:
