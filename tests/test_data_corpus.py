@@ -76,3 +76,12 @@ def test_word_tokenizer_agrees_with_ewt_tokens(shared_data):
     sentences = list(read_conllu(shared_data / "ud_ewt" / "en_ewt-ud-dev.conllu"))
     same = sum(word_tokenize(s.text) == s.words for s in sentences)
     assert same / len(sentences) >= 0.85
+
+
+def test_recipe_names_a_missing_ud_dir(tmp_path):
+    from robust_pretrain.cli import UsageError
+    from robust_pretrain.pretraining import pos_mlm
+
+    with pytest.raises(UsageError, match=f"--ud_dir: UD English-EWT folder not found: {tmp_path / 'nope'}"):
+        pos_mlm.run(["--ud_dir", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "out"), "--max_steps", "1"])
+    assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -237,12 +237,15 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
                 f"could not read {' and '.join(files.values())} as {builder} data: {type(cause).__name__}: {cause}"
             ) from err
     else:
-        raw = DatasetDict(
-            {
-                split: load_ewt_corpus(source, data_args.ud_dir)
-                for split, source in (("train", "train"), ("validation", "test"))
-            }
-        )
+        try:
+            raw = DatasetDict(
+                {
+                    split: load_ewt_corpus(source, data_args.ud_dir)
+                    for split, source in (("train", "train"), ("validation", "test"))
+                }
+            )
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--ud_dir: {err}") from err
     if "validation" not in raw:
         if "test" in raw:
             raw["validation"] = raw["test"]
