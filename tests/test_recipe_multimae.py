@@ -265,6 +265,32 @@ def test_missing_modality_is_an_absent_task(tmp_path: Path, caplog) -> None:
     assert all("task_loss/depth" not in entry for entry in log) and any("task_loss/rgb" in entry for entry in log)
     assert "no ['depth'] column: absent task" in caplog.text
     assert "2 held-out images" in ModelCard.load(output_dir / "README.md").text
+    # the visible budget must fit in the patches of the modalities the data have (2 x 16 here), not the configured 3
+    with pytest.raises(UsageError, match="--num_visible_tokens 40 exceeds the 32 patches of the 2 modalities"):
+        recipe.run(argv(tmp_path / "too_many", "--image_folder", str(root), *FOLDER, "--num_visible_tokens", "40"))
+
+
+def test_datasets_dataset_with_a_column_mapping(tmp_path: Path) -> None:
+    """A local ``datasets`` dataset (parquet train/test files) with other column names, mapped; a mapping to a column
+    the data lack is refused by name."""
+    data = tmp_path / "scenes_parquet"
+    data.mkdir()
+    renames = {"rgb": "image", "depth": "depth_map", "semseg": "classes", "id": "file"}
+    for split, count in (("train", 8), ("test", 2)):
+        scenes = generate_scenes(count, split, 5, SceneConfig(image_size=IMAGE)).rename_columns(renames)
+        scenes.to_parquet(str(data / f"{split}.parquet"))
+    mapping = ["--column_mapping", "rgb=image", "depth=depth_map", "semseg=classes", "id=file"]
+    output_dir = tmp_path / "out"
+    with pytest.raises(UsageError, match=r"^--num_semseg_classes: the semseg modality needs the number of classes"):
+        recipe.run(argv(output_dir, "--dataset_name", str(data), *mapping))
+    mapping += ["--num_semseg_classes", str(NUM_CLASSES)]
+    report = recipe.run(argv(output_dir, "--dataset_name", str(data), *mapping, "--max_steps", "2"))["report"]
+    assert set(report["eval_task_loss"]) == set(MODALITIES) and report["train_steps"] == 2
+    card = ModelCard.load(output_dir / "README.md").text
+    assert "The local dataset `scenes_parquet` (8 training and 2 held-out images" in card and str(tmp_path) not in card
+    with pytest.raises(UsageError, match=r"--dataset_name .*scenes_parquet.*no column 'depth_mm' \(mapped to depth\)"):
+        recipe.run(argv(tmp_path / "other", "--dataset_name", str(data), "--column_mapping", "rgb=image",
+                        "depth=depth_mm", "--modalities", "rgb", "depth"))
 
 
 @pytest.mark.parametrize(

@@ -98,8 +98,12 @@ class ModelArguments:
         default=None, metadata={"help": "Classes of the semseg maps (default for generated scenes: their classes)."}
     )
     semseg_ignore_index: int = field(default=255, metadata={"help": "Class id of unlabelled semseg pixels."})
-    image_size: int = field(default=224, metadata={"help": "Side of the square images the model is trained on."})
-    patch_size: int = field(default=16, metadata={"help": "Side of a patch (image_size must be a multiple)."})
+    image_size: int = field(
+        default=224, metadata={"help": "From scratch: side of the square training images (a checkpoint keeps its own)."}
+    )
+    patch_size: int = field(
+        default=16, metadata={"help": "From scratch: side of a patch, divides image_size (a checkpoint keeps its own)."}
+    )
 
 
 @dataclass
@@ -247,7 +251,6 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
     elif data_args.dataset_name is not None:
         import datasets
 
-        mapping = data_args.mapping() or {m: m for m in model_args.modalities}
         try:
             raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
         except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
@@ -256,8 +259,9 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
         if data_args.train_split not in raw:
             raise UsageError(f"--dataset_name {data_args.dataset_name} has no split {data_args.train_split!r} "
                              f"(splits: {list(raw)}); set --train_split")
-        available = set(raw[data_args.train_split].column_names)
-        mapping = {t: c for t, c in mapping.items() if c in available or t not in MODALITIES}
+        # without --column_mapping: the columns named after the modalities (a missing one is an absent task) and id
+        columns = raw[data_args.train_split].column_names
+        mapping = data_args.mapping() or {t: t for t in (*model_args.modalities, "id") if t in columns}
         try:
             train = loaders.load_mapped_dataset(raw[data_args.train_split], mapping, **checks)
             evaluation = None if held_out is None else loaders.load_mapped_dataset(raw[held_out], mapping, **checks)
@@ -278,12 +282,13 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
 
 
 def training_data_card(data_args: DataArguments, train_size: int, eval_size: int) -> TrainingData:
-    if data_args.dataset_name is not None:
+    if data_args.dataset_name is not None and not Path(data_args.dataset_name).exists():
         return hub_dataset(data_args.dataset_name, data_args.dataset_config_name)
-    if data_args.image_folder is not None:
-        name = Path(data_args.image_folder).resolve().name
-        return TrainingData(f"The image folder `{name}` ({train_size} training and {eval_size} held-out images; see "
-                            "its own license).")
+    if data_args.dataset_name is not None or data_args.image_folder is not None:
+        kind = "image folder" if data_args.image_folder else "local dataset"
+        name = Path(data_args.image_folder or data_args.dataset_name).resolve().name
+        return TrainingData(f"The {kind} `{name}` ({train_size} training and {eval_size} held-out images; see its "
+                            "own license).")
     from robust_pretrain.vision import scenes
 
     return TrainingData(
@@ -335,9 +340,10 @@ def load_model(model_args: ModelArguments, num_classes: int | None):
     layers, hidden, heads, intermediate, dec_hidden, dec_layers, dec_heads, dec_intermediate = MODEL_SIZES[
         model_args.model_size
     ]
+    specs = modality_specs(model_args, num_classes)
     try:
         config = MultiMAEConfig(
-            modalities=modality_specs(model_args, num_classes),
+            modalities=specs,
             image_size=model_args.image_size,
             patch_size=model_args.patch_size,
             hidden_size=hidden,
@@ -541,9 +547,10 @@ def run(argv: list[str]) -> dict:
                              f"{data.column_names}); map them with --column_mapping or set --modalities")
     processor = build_processor(model_args, data_args, config)
     budget = data_args.num_visible_tokens or max(1, len(task_names) * config.num_patches // 6)
-    if budget > config.num_patches * len(task_names):
-        raise UsageError(f"--num_visible_tokens {budget} exceeds the {config.num_patches * len(task_names)} patches "
-                         f"of {len(task_names)} modalities at --image_size {config.image_size}")
+    present = [name for name in task_names if name in train_raw.column_names]
+    if budget > config.num_patches * len(present):
+        raise UsageError(f"--num_visible_tokens {budget} exceeds the {config.num_patches * len(present)} patches of "
+                         f"the {len(present)} modalities of the data at image size {config.image_size}")
 
     columns = {name: name for name in task_names}
     train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
