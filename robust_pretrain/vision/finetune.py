@@ -638,11 +638,20 @@ def plot_predictions(task: str, images: np.ndarray, predictions: np.ndarray, lab
                          "vmax": float(valid.max()) if valid.size else 1.0}
                 shown = [predictions[row], np.ma.masked_less_equal(labels[row], 0)]
             for column, (values, title) in enumerate(zip(shown, ("prediction", "target"), strict=True), start=1):
-                axes[row, column].imshow(values, **style)
+                drawn = axes[row, column].imshow(values, **style)
                 axes[row, column].set_title(title if row == 0 else "", fontsize=9)
+            if task == "depth":
+                figure.colorbar(drawn, ax=axes[row, 2], fraction=0.046, pad=0.04, label="metres")
         for axis in axes[row]:
             axis.axis("off")
-    figure.tight_layout()
+    if task == "semseg":  # one colour per class; ignored pixels are blank
+        colours = plt.get_cmap(style["cmap"])
+        handles = [matplotlib.patches.Patch(color=colours(i / style["vmax"]), label=name)
+                   for i, name in enumerate(label_names)]
+        figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
+        figure.tight_layout(rect=(0, 0.03 * (1 + len(handles) // 5), 1, 1))
+    else:
+        figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
