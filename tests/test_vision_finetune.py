@@ -170,6 +170,24 @@ def test_each_head_on_a_folder_layout(checkpoint: Path, image_folder: Path, task
             assert [row.split("\t")[3] for row in rows[1:]] == [row["label"] for row in csv.DictReader(handle)]
 
 
+def test_datasets_dataset_with_column_mapping_and_depth_input(checkpoint: Path, tmp_path: Path) -> None:
+    """A local ``datasets`` dataset whose columns have other names; depth fed as a second input."""
+    config = scenes.SceneConfig(image_size=SIZE)
+    for split, count in (("train", 4), ("test", 3)):
+        data = scenes.generate_scenes(count, "downstream_train", 7 if split == "train" else 8, config)
+        data = data.rename_columns({"rgb": "image", "semseg": "annotation", "depth": "depth_mm"})
+        data.to_parquet(tmp_path / "data" / f"{split}.parquet")
+    out = tmp_path / "out"
+    metrics = finetune(checkpoint, "semseg", out, "--dataset_name", str(tmp_path / "data"), "--num_labels", "7",
+                       "--column_mapping", "rgb=image", "semseg=annotation", "depth=depth_mm", "id=id",
+                       "--input_modalities", "rgb", "depth")  # fmt: skip
+    check_outputs("semseg", out, metrics, scenes.generate_scenes(3, "downstream_train", 8, config)["id"])
+    assert json.loads((out / "config.json").read_text())["finetune_modalities"] == ["rgb", "depth"]
+    with pytest.raises(UsageError, match=r"--column_mapping maps no column to \['semseg'\]"):
+        finetune(checkpoint, "semseg", tmp_path / "unmapped", "--dataset_name", str(tmp_path / "data"),
+                 "--num_labels", "7", "--column_mapping", "rgb=image")
+
+
 def test_lora_trains_adapters_and_saves_the_head(checkpoint: Path, tmp_path: Path) -> None:
     from peft import PeftModel
 
