@@ -46,6 +46,7 @@ def tiny_bert(seed: int = 0, dropout: float = 0.0, untie_mlm_bias: bool = False)
     if untie_mlm_bias:
         head = model.cls.predictions
         head.decoder.bias = torch.nn.Parameter(head.bias.detach().clone())
+        head.bias.requires_grad_(False)  # unused now; a trainable parameter without gradients breaks FSDP2 resume
     return model
 
 
