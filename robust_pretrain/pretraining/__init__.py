@@ -1,6 +1,7 @@
 """What a recipe runs: argument dataclasses, data + model + trainer, outputs.
 
 ``pos_mlm`` pre-trains a masked LM over part-of-speech tasks, ``multimae`` a multi-modal masked autoencoder over
-image modalities, ``compare`` runs several weighting strategies (of either recipe) and tabulates them; ``common`` holds the machinery every pre-training recipe shares (output directory and resume checks,
-logging, the final report / plot / card / push sequence). Each module's ``main(argv)`` is a console script.
+image modalities, ``compare`` runs several weighting strategies (of either recipe) and tabulates them; ``common``
+holds the machinery every pre-training recipe shares (output directory and resume checks, logging, the final report /
+plot / card / push sequence). Each module's ``main(argv)`` is a console script.
 """
