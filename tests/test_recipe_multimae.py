@@ -299,6 +299,8 @@ def test_datasets_dataset_with_a_column_mapping(tmp_path: Path) -> None:
         ("corrupt", r"train/rgb/a3\.png: cannot read the image"),
         ("small", r"a3.*smaller than one 4x4 patch"),
         ("class", r"a3.*class ids \[7\] outside 0\.\.2"),
+        ("depth", r"a3.*depth map has no valid pixel"),
+        ("aspect", r"a3.*modalities have different aspect ratios"),
     ],
 )
 def test_bad_images_are_refused_by_name_before_training(tmp_path: Path, capsys, damage: str, message: str) -> None:
@@ -308,8 +310,12 @@ def test_bad_images_are_refused_by_name_before_training(tmp_path: Path, capsys, 
         (root / "train" / "rgb" / "a3.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
     elif damage == "small":
         write_folder(root, "train", ["a3"], size=2)
-    else:
+    elif damage == "class":
         Image.fromarray(np.full((IMAGE, IMAGE), 7, dtype=np.uint8)).save(root / "train" / "semseg" / "a3.png")
+    elif damage == "depth":
+        Image.fromarray(np.zeros((IMAGE, IMAGE), dtype=np.uint16)).save(root / "train" / "depth" / "a3.png")
+    else:
+        Image.fromarray(np.full((IMAGE, 2 * IMAGE), 1000, dtype=np.uint16)).save(root / "train" / "depth" / "a3.png")
     output_dir = tmp_path / "out"
     assert recipe.main(argv(output_dir, "--image_folder", str(root), *FOLDER)) == 2
     err = " ".join(capsys.readouterr().err.split())
