@@ -60,16 +60,28 @@ def _feed(digest: Any, value: Any) -> None:
         array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
         if array.dtype == object:
             raise TypeError(f"cannot hash a value of type {type(value).__name__} stably")
-        tag, payload = f"a{array.dtype.str}{array.shape}".encode(), np.ascontiguousarray(array).tobytes()
+        tag = f"a{array.dtype.str}{array.shape}".encode()
+        payload = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # the bytes, not copied when contiguous
     digest.update(tag + len(payload).to_bytes(8, "little"))
     digest.update(payload)
 
 
-def keyed_rng(seed: int, epoch: int, key: Any) -> np.random.Generator:
-    """The numpy generator for one example: a pure function of ``(seed, epoch, stable_hash(key))``."""
+def _seed_sequence(seed: int, epoch: int, key: Any) -> np.random.SeedSequence:
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, stable_hash(key)])))
+    return np.random.SeedSequence([seed, epoch, stable_hash(key)])
+
+
+def keyed_rng(seed: int, epoch: int, key: Any) -> np.random.Generator:
+    """The numpy generator for one example: a pure function of ``(seed, epoch, stable_hash(key))``."""
+    return np.random.Generator(np.random.PCG64(_seed_sequence(seed, epoch, key)))
+
+
+def keyed_torch_generator(seed: int, epoch: int, key: Any) -> torch.Generator:
+    """A CPU ``torch.Generator`` that is a pure function of ``(seed, epoch, stable_hash(key))``, for draws made with
+    torch operations (``torch.rand(..., generator=...)``)."""
+    state = _seed_sequence(seed, epoch, key).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
 
 
 class SharedEpoch:

@@ -269,10 +269,10 @@ def test_resumed_epoch_draws_the_masks_of_an_uninterrupted_one(tokenizer, featur
 def test_epoch_callback_sets_the_trainers_epoch(tokenizer):
     from transformers import TrainerControl, TrainerState
 
-    from robust_pretrain.data import CollatorEpochCallback
+    from robust_pretrain.seeding import SetEpochCallback
 
     collator = TaskGroupedMLMCollator(tokenizer, seed=0)
-    callback = CollatorEpochCallback(collator)
+    callback = SetEpochCallback([collator])
     for epoch, expected in ((None, 0), (0.0, 0), (2.0, 2), (1.75, 1)):  # 1.75: resumed three quarters into epoch 1
         callback.on_epoch_begin(None, TrainerState(epoch=epoch), TrainerControl())
         assert collator.epoch == expected

@@ -2,7 +2,7 @@
 
 Pipeline: raw text -> :func:`tokenize_and_tag` (word tokenizer + PoS tagger + fast tokenizer) ->
 :class:`TaskGroupedMLMCollator` -> batches with ``labels`` and per-target ``task_ids`` for the trainer.
-The collator and its Trainer callback (and torch) load lazily, on first access.
+The collator (and torch) loads lazily, on first access.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from robust_pretrain.data.taggers import get_tagger
 from robust_pretrain.data.tasks import DEFAULT_POS_TASKS, UPOS_TAGS, TaskSpec
 
 if TYPE_CHECKING:
-    from robust_pretrain.data.collator import CollatorEpochCallback, TaskGroupedMLMCollator
+    from robust_pretrain.data.collator import TaskGroupedMLMCollator
 
 __all__ = [
     "DEFAULT_POS_TASKS",
-    "CollatorEpochCallback",
     "UPOS_TAGS",
     "TaskGroupedMLMCollator",
     "TaskSpec",
@@ -30,7 +29,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("TaskGroupedMLMCollator", "CollatorEpochCallback"):
+    if name == "TaskGroupedMLMCollator":
         from robust_pretrain.data import collator
 
         return getattr(collator, name)

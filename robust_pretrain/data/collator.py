@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import math
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
+from robust_pretrain.seeding import SharedEpoch, keyed_torch_generator
 
 IGNORE_INDEX = -100
 _INPUT_COLUMNS = ("input_ids", "word_ids", "token_task_ids")
@@ -43,12 +41,13 @@ class TaskGroupedMLMCollator:
     Output: ``input_ids``, ``attention_mask``, ``labels`` (original id at targets, -100 elsewhere) and ``task_ids``
     (task id at targets, -100 elsewhere), all ``LongTensor`` of shape ``(batch, length)``.
 
-    Randomness: each batch draws from a generator seeded with ``(seed, epoch, digest of the batch's tokens)``, so a
-    batch's masks do not depend on how many batches were collated before, in which process or ``DataLoader`` worker,
-    or with how many workers: a run resumed mid-epoch (whose skipped batches are never collated) draws the masks of
-    an uninterrupted run. :meth:`set_epoch` (called by :class:`CollatorEpochCallback` at each Trainer epoch) gives
-    every epoch new masks, also in persistent workers; two batches with identical tokens in the same epoch get the
-    same masks. ``seed=None`` takes a seed from the OS.
+    Randomness: each batch draws from :func:`~robust_pretrain.seeding.keyed_torch_generator` with ``(seed, epoch,
+    the batch's padded tensors)``, so a batch's masks do not depend on how many batches were collated before, in
+    which process or ``DataLoader`` worker, or with how many workers: a run resumed mid-epoch (whose skipped batches
+    are never collated) draws the masks of an uninterrupted run. :meth:`set_epoch` gives every epoch new masks, also
+    in persistent workers (the epoch is a :class:`~robust_pretrain.seeding.SharedEpoch`); ``MinimaxTrainer`` calls
+    it at each epoch (:class:`~robust_pretrain.seeding.SetEpochCallback`). Two batches with identical tokens in the
+    same epoch get the same masks. ``seed=None`` takes a seed from the OS.
     """
 
     tokenizer: Any
@@ -61,7 +60,7 @@ class TaskGroupedMLMCollator:
     pad_to_multiple_of: int | None = None
     seed: int | None = None
     _base_seed: int = field(init=False, repr=False)
-    _epoch: torch.Tensor = field(init=False, repr=False)
+    _epoch: SharedEpoch = field(default_factory=SharedEpoch, init=False, repr=False)
 
     def __post_init__(self) -> None:
         spec_tasks = TaskSpec.resolve(self.spec).num_tasks
@@ -83,26 +82,14 @@ class TaskGroupedMLMCollator:
         if self.tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before collating")
         self._base_seed = np.random.SeedSequence(self.seed).entropy
-        self._epoch = torch.zeros((), dtype=torch.long).share_memory_()  # shared with persistent DataLoader workers
 
     @property
     def epoch(self) -> int:
-        return int(self._epoch)
+        return self._epoch.value
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the masks of ``epoch`` from now on (also in existing ``DataLoader`` workers)."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._epoch.fill_(epoch)
-
-    def _batch_generator(self, *tensors: torch.Tensor) -> torch.Generator:
-        """A generator seeded from ``(seed, epoch, digest of tensors)``."""
-        digest = hashlib.blake2b(digest_size=16)
-        for tensor in tensors:
-            digest.update(str(tuple(tensor.shape)).encode())
-            digest.update(tensor.contiguous().numpy())
-        sequence = np.random.SeedSequence([self._base_seed, self.epoch, int.from_bytes(digest.digest(), "little")])
-        return torch.Generator().manual_seed(int(sequence.generate_state(1, dtype=np.uint64)[0]))
+        self._epoch.set(epoch)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
@@ -112,7 +99,9 @@ class TaskGroupedMLMCollator:
             raise ValueError(f"features lack {missing}; produce them with robust_pretrain.data.tokenize_and_tag")
         input_ids, attention_mask, special, word_ids, token_tasks = self._pad(features)
         self._check_task_ids(token_tasks)
-        generator = self._batch_generator(input_ids, attention_mask, word_ids, token_tasks)
+        generator = keyed_torch_generator(
+            self._base_seed, self.epoch, (input_ids, attention_mask, word_ids, token_tasks)
+        )
         if self.mode == "per_token":
             targets = self._per_token_targets(word_ids, token_tasks, generator)
         else:
@@ -251,17 +240,3 @@ class TaskGroupedMLMCollator:
                 assigned[sequence] = task
         return torch.tensor(assigned, dtype=torch.long)
 
-
-class CollatorEpochCallback(TrainerCallback):
-    """Tells a :class:`TaskGroupedMLMCollator` the Trainer's epoch before each epoch's batches are drawn.
-
-    ``Trainer(..., data_collator=collator, callbacks=[CollatorEpochCallback(collator)])``. The Trainer calls
-    ``on_epoch_begin`` before it creates the epoch's ``DataLoader`` iterator (and its workers); ``state.epoch`` is
-    then the epoch number, or, when a run resumes mid-epoch, that epoch plus the fraction already trained.
-    """
-
-    def __init__(self, collator: TaskGroupedMLMCollator) -> None:
-        self.collator = collator
-
-    def on_epoch_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        self.collator.set_epoch(math.floor(state.epoch or 0))

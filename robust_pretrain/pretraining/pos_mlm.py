@@ -43,7 +43,6 @@ from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
 from robust_pretrain.data import (
     UPOS_TAGS,
-    CollatorEpochCallback,
     TaskGroupedMLMCollator,
     TaskSpec,
     load_ewt_corpus,
@@ -63,6 +62,7 @@ from robust_pretrain.pretraining.common import (
     write_run_config,
 )
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
+from robust_pretrain.seeding import SetEpochCallback
 from robust_pretrain.task_losses import mlm_head_name
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
@@ -514,7 +514,7 @@ def run(argv: list[str]) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=collate,
-        callbacks=[CollatorEpochCallback(train_collator)],  # new masks each epoch, the same ones on resume
+        callbacks=[SetEpochCallback([train_collator])],  # new masks each epoch, the same ones on resume
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
