@@ -180,9 +180,12 @@ def test_datasets_dataset_with_column_mapping_and_depth_input(checkpoint: Path, 
     out = tmp_path / "out"
     metrics = finetune(checkpoint, "semseg", out, "--dataset_name", str(tmp_path / "data"), "--num_labels", "7",
                        "--column_mapping", "rgb=image", "semseg=annotation", "depth=depth_mm", "id=id",
-                       "--input_modalities", "rgb", "depth")  # fmt: skip
+                       "--input_modalities", "rgb", "depth", "--neck_hidden_sizes", "4", "4", "8", "8",
+                       "--fusion_hidden_size", "4")  # fmt: skip
     check_outputs("semseg", out, metrics, scenes.generate_scenes(3, "downstream_train", 8, config)["id"])
-    assert json.loads((out / "config.json").read_text())["finetune_modalities"] == ["rgb", "depth"]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["finetune_modalities"] == ["rgb", "depth"]
+    assert saved["neck_hidden_sizes"] == [4, 4, 8, 8] and saved["fusion_hidden_size"] == 4  # the head's own sizes
     with pytest.raises(UsageError, match=r"--column_mapping maps no column to \['semseg'\]"):
         finetune(checkpoint, "semseg", tmp_path / "unmapped", "--dataset_name", str(tmp_path / "data"),
                  "--num_labels", "7", "--column_mapping", "rgb=image")

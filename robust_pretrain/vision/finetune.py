@@ -99,12 +99,25 @@ class DenseRunArguments:
         default_factory=lambda: ["rgb"],
         metadata={"help": "Inputs (MM-MAE): rgb (the paper), optionally depth (not for --task depth)."},
     )
+    neck_hidden_sizes: list[int] | None = field(
+        default=None,
+        metadata={"help": "Dense heads (MM-MAE): DPT neck widths, four (default: the checkpoint config's)."},
+    )
+    fusion_hidden_size: int | None = field(
+        default=None, metadata={"help": "Dense heads (MM-MAE): DPT fusion width (default: the checkpoint config's)."}
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Write into an output_dir holding an earlier run (its weights and predictions go first)."},
     )
 
     def __post_init__(self) -> None:
+        if self.neck_hidden_sizes is not None and (
+            len(self.neck_hidden_sizes) != 4 or min(self.neck_hidden_sizes) < 1
+        ):
+            raise UsageError(f"--neck_hidden_sizes {self.neck_hidden_sizes}: four positive widths")
+        if self.fusion_hidden_size is not None and self.fusion_hidden_size < 1:
+            raise UsageError(f"--fusion_hidden_size must be a positive integer, got {self.fusion_hidden_size}")
         if self.task not in TASKS:
             raise UsageError(f"--task {self.task!r} is not a known task; expected one of: {', '.join(TASKS)}")
         if "rgb" not in self.input_modalities or not set(self.input_modalities) <= {"rgb", "depth"}:
@@ -467,7 +480,12 @@ def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_name
         image_size, head_modules = height, ["classifier"]
     else:
         model_class, head_modules = MULTIMAE_HEADS[task]
-        config = MultiMAEConfig.from_pretrained(path, semantic_loss_ignore_index=ignore_index, **labels)
+        head_sizes = {name: value for name, value in (("neck_hidden_sizes", run_args.neck_hidden_sizes),
+                                                      ("fusion_hidden_size", run_args.fusion_hidden_size))
+                      if value is not None}  # fmt: skip
+        config = MultiMAEConfig.from_pretrained(
+            path, semantic_loss_ignore_index=ignore_index, **head_sizes, **labels
+        )
         known = config.task_names
         unknown = [name for name in run_args.input_modalities if name not in known]
         if unknown:
