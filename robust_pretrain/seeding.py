@@ -9,7 +9,8 @@ trained on (without collating them). Deriving each example's generator from ``(s
 - independent of the number of DataLoader workers, processes, batch size and order (different examples, hence
   different workers' batches, draw differently);
 - different per epoch, once the epoch is set with ``set_epoch`` (:class:`SetEpochCallback` does it for a
-  ``Trainer`` before each epoch's batches are drawn). Keep the epoch in a :class:`SharedEpoch`: it lives in shared
+  ``Trainer`` before each epoch's batches are drawn; ``MinimaxTrainer`` adds it by itself when its data collator or
+  its training dataset's transform has ``set_epoch``). Keep the epoch in a :class:`SharedEpoch`: it lives in shared
   memory, so DataLoader workers see the new epoch even when they persist across epochs.
 """
 
@@ -117,6 +118,21 @@ class SetEpochCallback(TrainerCallback):
         for target in self.targets:
             if not callable(getattr(target, "set_epoch", None)):
                 raise TypeError(f"{type(target).__name__} has no set_epoch method")
+
+    @classmethod
+    def for_training_data(cls, collator: Any, dataset: Any) -> SetEpochCallback | None:
+        """The callback for whichever of ``collator`` and the dataset's transform has ``set_epoch``; None if neither.
+
+        The transform is the one set with ``datasets``' ``with_transform``/``set_transform``, else a ``transform``
+        attribute (torchvision-style datasets).
+        """
+        dataset_format = getattr(dataset, "format", None)
+        if isinstance(dataset_format, dict):
+            transform = dataset_format.get("format_kwargs", {}).get("transform")
+        else:
+            transform = getattr(dataset, "transform", None)
+        targets = [target for target in (collator, transform) if callable(getattr(target, "set_epoch", None))]
+        return cls(targets) if targets else None
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         epoch = math.floor((state.epoch or 0.0) + 1e-6)

@@ -36,6 +36,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
+from .seeding import SetEpochCallback
 from .task_losses import TargetPositionsHead, per_target_losses, reduce_by_task, target_task_ids
 from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
@@ -98,6 +99,10 @@ class MinimaxTrainer(Trainer):
         if self.weighting.parameters():
             self.add_callback(_LearnableWeightsCallback(self))
         self.add_callback(_LogLastStepCallback())
+        # new masks / augmentations each epoch (the same on resume) if the collator or dataset transform has set_epoch
+        epoch_callback = SetEpochCallback.for_training_data(self.data_collator, self.train_dataset)
+        if epoch_callback is not None:
+            self.add_callback(epoch_callback)
         self._warn_if_fsdp_falls_back()
 
     def _warn_if_fsdp_falls_back(self) -> None:

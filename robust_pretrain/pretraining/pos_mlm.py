@@ -62,7 +62,6 @@ from robust_pretrain.pretraining.common import (
     write_run_config,
 )
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
-from robust_pretrain.seeding import SetEpochCallback
 from robust_pretrain.task_losses import mlm_head_name
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
@@ -399,6 +398,20 @@ def premask(dataset: Dataset, collator: TaskGroupedMLMCollator, max_seq_length: 
     return Dataset.from_dict(columns)
 
 
+@dataclass
+class PremaskedOrTrainingCollator:
+    """Held-out features are already masked (:func:`premask`) and only stacked; training features are masked on the
+    fly, with new masks each epoch (``MinimaxTrainer`` calls :meth:`set_epoch`)."""
+
+    training: TaskGroupedMLMCollator
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        return default_data_collator(features) if "labels" in features[0] else self.training(features)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.training.set_epoch(epoch)
+
+
 def save_merged(model, tokenizer, directory: Path) -> None:
     """Save the base model with its LoRA adapters merged in (and the tokenizer) into ``directory``."""
     merged = model.merge_and_unload()
@@ -501,11 +514,6 @@ def run(argv: list[str]) -> dict:
         eval_dataset, collator(data_args.eval_masking_seed), data_args.max_seq_length, tokenizer.pad_token_id
     )
     train_collator = collator(training_args.seed + training_args.process_index)
-
-    def collate(features: list[dict]) -> dict:
-        """Held-out features are already masked; training features are masked on the fly."""
-        return default_data_collator(features) if "labels" in features[0] else train_collator(features)
-
     write_run_config(training_args, settings)
     trainer = create_trainer(
         training_args,
@@ -513,8 +521,7 @@ def run(argv: list[str]) -> dict:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=collate,
-        callbacks=[SetEpochCallback([train_collator])],  # new masks each epoch, the same ones on resume
+        data_collator=PremaskedOrTrainingCollator(train_collator),  # new masks each epoch, the same ones on resume
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
