@@ -80,7 +80,7 @@ def test_dense_suite_end_to_end(tmp_path: Path) -> None:
             "depth", "--seeds", "1", "2", "--output_dir", str(out), "--num_train_scenes", "8", "--num_eval_scenes",
             "3", "--scene_size", str(SIZE), "--max_steps", "2", "--per_device_train_batch_size", "4",
             "--learning_rate", "1e-3", "--report_to", "none", "--disable_tqdm", "true",
-            "--num_prediction_images", "1"]  # fmt: skip
+            "--num_prediction_images", "1", "--fusion_hidden_size", "4"]  # fmt: skip
     summary = suite.run(argv)
 
     assert summary["family"] == "dense" and summary["tasks"] == ["semseg", "depth"]
@@ -94,6 +94,7 @@ def test_dense_suite_end_to_end(tmp_path: Path) -> None:
                 cell_dir = out / "cells" / checkpoint_key(str(checkpoint)) / task / f"seed{seed}"
                 cell = json.loads((cell_dir / "cell.json").read_text())
                 assert cell["prediction_files"] == [f"predictions_{task}.npz"]
+                assert cell["settings"]["options"]["model"]["fusion_hidden_size"] == 4
                 recomputed = recompute_metrics(cell_dir / f"predictions_{task}.npz")
                 assert cell["score"] == pytest.approx(100 * recomputed[PRIMARY[task]])
                 assert cell["metrics"][PRIMARY[task]] == cell["score"]
@@ -144,4 +145,7 @@ def test_dense_suite_refuses_bad_checkpoints_before_any_cell(
     assert status == 2
     error = capsys.readouterr().err
     assert "--checkpoints" in error and f"{vit} is a ViT checkpoint; --task depth needs" in error
+    status = suite.main(["--family", "dense", "--checkpoints", str(checkpoint), "--tasks", "depth",
+                         "--input_modalities", "rgb", "depth", "--output_dir", str(tmp_path / "suite")])
+    assert status == 2 and "the depth task cannot read its own target" in capsys.readouterr().err
     assert not (tmp_path / "suite").exists()

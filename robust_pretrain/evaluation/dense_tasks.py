@@ -10,13 +10,14 @@ from typing import Any
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation.glue_tasks import glue_run_settings
-from robust_pretrain.evaluation.tasks import ModelIndexTarget, SuiteTask, TaskFamily, TaskRunResult
+from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, SuiteTask, TaskFamily, TaskRunResult
 from robust_pretrain.vision.finetune import (
     CARD_TASK_TYPES,
     PRIMARY_METRICS,
     TASKS,
     DenseDataArguments,
     DenseLoraArguments,
+    DenseModelArguments,
     DenseRunArguments,
     DenseTrainingArguments,
     checkpoint_model_type,
@@ -34,29 +35,40 @@ CARD_METRICS = {"semseg": ("mean_iou", "pixel_accuracy"), "depth": ("delta1", "a
 _NOT_SCALED = ("abs_rel", "rmse")
 
 
+def dense_run_settings(options: Sequence[Any]) -> RunSettings:
+    """Settings (fingerprint), limits and fine-tuning method: the GLUE family's rule for the (data, LoRA, training)
+    options (every score-changing option is a setting; ``max_*_samples`` and ``max_steps`` are limits) plus the
+    model options (inputs, head sizes)."""
+    model_args, *rest = options
+    settings = glue_run_settings(rest)
+    return dataclasses.replace(settings, settings={**settings.settings, "model": dataclasses.asdict(model_args)})
+
+
 def check_dense_inputs(checkpoints: Sequence[str], tasks: Sequence[SuiteTask], options: Sequence[Any]) -> None:
     """Before any cell: evaluation enabled, every checkpoint an MM-MAE (or, for classification, a ViT), and a folder
     or ``datasets`` source checked image by image for every task (the generated scenes need no check)."""
-    data_args, _, training_args = options
+    model_args, data_args, _, training_args = options
     if not training_args.do_eval:
         raise UsageError("The suite needs evaluation; do not pass --do_eval false")
     for task in tasks:
+        model_args.check_task(task.name)
         for checkpoint in checkpoints:
             try:
                 checkpoint_model_type(checkpoint, task.name)
             except UsageError as err:
                 raise UsageError(f"--checkpoints: {err}") from None
         if data_args.image_folder is not None or data_args.dataset_name is not None:
-            load_task_data(task.name, data_args, ["rgb"], patch_size=None)
+            load_task_data(task.name, data_args, model_args.input_modalities, patch_size=None)
 
 
 def run_dense_task(
     task: str, checkpoint: str, seed: int, output_dir: Path, options: Sequence[Any], save_model: bool
 ) -> TaskRunResult:
     """Fine-tune ``checkpoint`` on ``task`` with ``seed`` into ``output_dir``; fractions x100."""
-    data_args, lora_args, training_args = options
+    model_args, data_args, lora_args, training_args = options
     eval_metrics = run_finetune(
         DenseRunArguments(model_name_or_path=checkpoint, task=task),
+        model_args,
         data_args,
         lora_args,
         dataclasses.replace(training_args, output_dir=str(output_dir), seed=seed),
@@ -96,9 +108,7 @@ FAMILY = TaskFamily(
     description="Dense vision scores (mIoU, δ1, top-1) x100",
     tasks=tuple(_row(task) for task in TASKS),
     default_tasks=TASKS,
-    option_types=(DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
-    # The GLUE family's rule applies unchanged to (data, LoRA, training) options: every score-changing option is a
-    # setting, max_train_samples / max_eval_samples / max_steps are limits, LoRA decides the fine-tuning method.
-    run_settings=glue_run_settings,
+    option_types=(DenseModelArguments, DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
+    run_settings=dense_run_settings,
     check_inputs=check_dense_inputs,
 )

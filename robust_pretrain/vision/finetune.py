@@ -95,6 +95,20 @@ class DenseRunArguments:
         metadata={"help": "MM-MAE checkpoint (a pre-training output) or ViT checkpoint: local directory or Hub id."}
     )
     task: str = field(metadata={"help": f"Downstream task: {', '.join(TASKS)}.", "choices": list(TASKS)})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Write into an output_dir holding an earlier run (its weights and predictions go first)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise UsageError(f"--task {self.task!r} is not a known task; expected one of: {', '.join(TASKS)}")
+
+
+@dataclass
+class DenseModelArguments:
+    """What the fine-tuned model reads and the size of its new dense head (MM-MAE checkpoints)."""
+
     input_modalities: list[str] = field(
         default_factory=lambda: ["rgb"],
         metadata={"help": "Inputs (MM-MAE): rgb (the paper), optionally depth (not for --task depth)."},
@@ -106,23 +120,19 @@ class DenseRunArguments:
     fusion_hidden_size: int | None = field(
         default=None, metadata={"help": "Dense heads (MM-MAE): DPT fusion width (default: the checkpoint config's)."}
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Write into an output_dir holding an earlier run (its weights and predictions go first)."},
-    )
 
     def __post_init__(self) -> None:
+        if "rgb" not in self.input_modalities or not set(self.input_modalities) <= {"rgb", "depth"}:
+            raise UsageError(f"--input_modalities {self.input_modalities}: rgb, optionally with depth")
         if self.neck_hidden_sizes is not None and (
             len(self.neck_hidden_sizes) != 4 or min(self.neck_hidden_sizes) < 1
         ):
             raise UsageError(f"--neck_hidden_sizes {self.neck_hidden_sizes}: four positive widths")
         if self.fusion_hidden_size is not None and self.fusion_hidden_size < 1:
             raise UsageError(f"--fusion_hidden_size must be a positive integer, got {self.fusion_hidden_size}")
-        if self.task not in TASKS:
-            raise UsageError(f"--task {self.task!r} is not a known task; expected one of: {', '.join(TASKS)}")
-        if "rgb" not in self.input_modalities or not set(self.input_modalities) <= {"rgb", "depth"}:
-            raise UsageError(f"--input_modalities {self.input_modalities}: rgb, optionally with depth")
-        if self.task == "depth" and "depth" in self.input_modalities:
+
+    def check_task(self, task: str) -> None:
+        if task == "depth" and "depth" in self.input_modalities:
             raise UsageError("--input_modalities: the depth task cannot read its own target (depth) as input")
 
 
@@ -459,7 +469,8 @@ def checkpoint_normalisation(checkpoint: str) -> dict[str, list[float]]:
     return {key: saved[key] for key in ("image_mean", "image_std") if key in saved}
 
 
-def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_names: list[str] | None,
+def load_model(run_args: DenseRunArguments, model_args: DenseModelArguments, lora_args: LoraArguments,
+               label_names: list[str] | None,
                ignore_index: int) -> tuple[PreTrainedModel | PeftModel, int]:
     """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size the
     checkpoint was trained at."""
@@ -470,8 +481,8 @@ def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_name
         "label2id": {name: i for i, name in enumerate(label_names)},
     }
     if model_type == "vit":
-        if run_args.input_modalities != ["rgb"]:
-            raise UsageError(f"--input_modalities {run_args.input_modalities}: a ViT checkpoint reads rgb only")
+        if model_args.input_modalities != ["rgb"]:
+            raise UsageError(f"--input_modalities {model_args.input_modalities}: a ViT checkpoint reads rgb only")
         model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
         size = model.config.image_size
         height, width = (size, size) if isinstance(size, int) else size
@@ -480,17 +491,17 @@ def load_model(run_args: DenseRunArguments, lora_args: LoraArguments, label_name
         image_size, head_modules = height, ["classifier"]
     else:
         model_class, head_modules = MULTIMAE_HEADS[task]
-        head_sizes = {name: value for name, value in (("neck_hidden_sizes", run_args.neck_hidden_sizes),
-                                                      ("fusion_hidden_size", run_args.fusion_hidden_size))
+        head_sizes = {name: value for name, value in (("neck_hidden_sizes", model_args.neck_hidden_sizes),
+                                                      ("fusion_hidden_size", model_args.fusion_hidden_size))
                       if value is not None}  # fmt: skip
         config = MultiMAEConfig.from_pretrained(
             path, semantic_loss_ignore_index=ignore_index, **head_sizes, **labels
         )
         known = config.task_names
-        unknown = [name for name in run_args.input_modalities if name not in known]
+        unknown = [name for name in model_args.input_modalities if name not in known]
         if unknown:
             raise UsageError(f"--input_modalities {unknown}: {path} has the modalities {known}")
-        config.finetune_modalities = list(run_args.input_modalities)
+        config.finetune_modalities = list(model_args.input_modalities)
         model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
         if config.image_height != config.image_width:
             raise UsageError(f"{path}: image_size {config.image_size} is not square; set --image_size")
@@ -700,7 +711,7 @@ table from it); input / prediction / target of a few images: `predictions.png`.
 """
 
 
-def write_card(output_dir: Path, run_args: DenseRunArguments, lora_args: LoraArguments,
+def write_card(output_dir: Path, run_args: DenseRunArguments, model_args: DenseModelArguments, lora_args: LoraArguments,
                training_args: DenseTrainingArguments, data: TaskData, metrics: dict[str, float], steps: int) -> Path:
     """A model card ``README.md``: the fine-tuning section and its eval results as ``model-index`` metadata."""
     task, base = run_args.task, run_args.model_name_or_path
@@ -721,7 +732,7 @@ def write_card(output_dir: Path, run_args: DenseRunArguments, lora_args: LoraArg
         layer_decay=training_args.layer_decay, weight_decay=training_args.weight_decay,
         warmup=training_args.warmup_steps, schedule=SchedulerType(training_args.lr_scheduler_type).value, steps=steps,
         batch=training_args.per_device_train_batch_size * training_args.world_size, seed=training_args.seed,
-        inputs=" + ".join(run_args.input_modalities), data=data.description,
+        inputs=" + ".join(model_args.input_modalities), data=data.description,
         metrics=[(name, f"{value:.4f}") for name, value in reported], predictions_file=predictions_file_name(task),
     )
     path = output_dir / "README.md"
@@ -732,20 +743,22 @@ def write_card(output_dir: Path, run_args: DenseRunArguments, lora_args: LoraArg
 # ---------------------------------------------------------------------------------------------------------- run
 
 
-def run_finetune(run_args: DenseRunArguments, data_args: DenseDataArguments, lora_args: LoraArguments,
+def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, data_args: DenseDataArguments,
+                 lora_args: LoraArguments,
                  training_args: DenseTrainingArguments, save_model: bool = True) -> dict[str, float]:
     """Check every input, fine-tune and/or evaluate; returns the eval metrics (``eval_`` keys, as logged).
 
     ``training_args.output_dir`` must be empty or new unless ``run_args.overwrite_output_dir``. Writes the files
     listed in the module docstring (the model only if ``save_model``)."""
     task = run_args.task
+    model_args.check_task(task)
     checkpoint_model_type(run_args.model_name_or_path, task)
     config, _ = PretrainedConfig.get_config_dict(run_args.model_name_or_path)
-    data = load_task_data(task, data_args, run_args.input_modalities, int(config.get("patch_size", 16)))
+    data = load_task_data(task, data_args, model_args.input_modalities, int(config.get("patch_size", 16)))
     prepare_output_dir(training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save,
                        _STALE_OUTPUTS)
     set_seed(training_args.seed)
-    model, checkpoint_size = load_model(run_args, lora_args, data.label_names, data_args.ignore_index)
+    model, checkpoint_size = load_model(run_args, model_args, lora_args, data.label_names, data_args.ignore_index)
     image_size = data_args.image_size or checkpoint_size
     if image_size != checkpoint_size and isinstance(model, ViTForImageClassification):
         raise UsageError(f"--image_size {image_size}: the ViT checkpoint is trained at {checkpoint_size} pixels")
@@ -756,7 +769,7 @@ def run_finetune(run_args: DenseRunArguments, data_args: DenseDataArguments, lor
         depth_scale=data_args.depth_scale, ignore_index=data_args.ignore_index,
         num_classes=num_labels if task == "semseg" else None,
     )
-    modalities = list(dict.fromkeys([*run_args.input_modalities, *([task] if task != "classification" else [])]))
+    modalities = list(dict.fromkeys([*model_args.input_modalities, *([task] if task != "classification" else [])]))
     columns = {name: name for name in modalities}
     train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
     eval_transform = MultiMAETransform(processor, train=False, column_mapping=columns)
@@ -770,7 +783,7 @@ def run_finetune(run_args: DenseRunArguments, data_args: DenseDataArguments, lor
         model=model,
         args=training_args,
         train_dataset=data.train if training_args.do_train else None,
-        data_collator=DenseCollator(task, tuple(name for name in run_args.input_modalities if name != "rgb")),
+        data_collator=DenseCollator(task, tuple(name for name in model_args.input_modalities if name != "rgb")),
         compute_metrics=build_compute_metrics(task, metric_kwargs, data.label_names),
         preprocess_logits_for_metrics=preprocess_logits if task == "semseg" else None,
         callbacks=[SetEpochCallback([train_transform])],
@@ -810,21 +823,22 @@ def run_finetune(run_args: DenseRunArguments, data_args: DenseDataArguments, lor
                 images = np.stack(data.evaluation[:shown]["rgb"])
                 plot_predictions(task, images, predictions[:shown], output.label_ids[:shown], processor,
                                  data.label_names, data_args.ignore_index, output_dir / PREDICTIONS_PLOT)
-            write_card(output_dir, run_args, lora_args, training_args, data, eval_metrics, trainer.state.global_step)
+            write_card(output_dir, run_args, model_args, lora_args, training_args, data, eval_metrics,
+                       trainer.state.global_step)
     return eval_metrics
 
 
 def run(argv: list[str]) -> dict[str, float]:
     """Parse ``[--config FILE] [--option value ...]``, fine-tune and evaluate; returns the eval metrics."""
     parser = HfArgumentParser(
-        (DenseRunArguments, DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
+        (DenseRunArguments, DenseModelArguments, DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
         description="Fine-tune an MM-MAE or ViT checkpoint on semantic segmentation, depth or classification. "
         "--config FILE (YAML/JSON) sets defaults for any option.",
     )
-    run_args, data_args, lora_args, training_args = parse_with_config(parser, argv)
+    run_args, model_args, data_args, lora_args, training_args = parse_with_config(parser, argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     datasets.utils.logging.set_verbosity_warning()
-    return run_finetune(run_args, data_args, lora_args, training_args)
+    return run_finetune(run_args, model_args, data_args, lora_args, training_args)
 
 
 def main(argv: list[str] | None = None) -> int:
