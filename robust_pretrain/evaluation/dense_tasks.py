@@ -12,6 +12,7 @@ from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation.glue_tasks import glue_run_settings
 from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, SuiteTask, TaskFamily, TaskRunResult
 from robust_pretrain.vision.finetune import (
+    CARD_METRICS,
     CARD_TASK_TYPES,
     PRIMARY_METRICS,
     TASKS,
@@ -27,11 +28,14 @@ from robust_pretrain.vision.finetune import (
     text_predictions_file_name,
 )
 
-DISPLAY_NAMES = {"semseg": ("Segmentation", "mIoU"), "depth": ("Depth", "δ1"), "classification": ("Classification",
-                                                                                                   "top-1")}
-# Reported metric keys (without ``eval_``); fractions are shown x100, errors (AbsRel, RMSE in metres) as they are.
-CARD_METRICS = {"semseg": ("mean_iou", "pixel_accuracy"), "depth": ("delta1", "abs_rel", "rmse"),
-                "classification": ("top1_accuracy",)}
+DISPLAY_NAMES = {
+    "semseg": ("Segmentation", "mIoU"),
+    "depth": ("Depth", "δ1"),
+    "classification": ("Classification", "top-1"),
+}
+# Reported metric keys (without ``eval_``): the fine-tuning card's, except top-5 (absent with fewer than 5 classes).
+# Fractions are shown x100, errors (AbsRel, RMSE in metres) as they are.
+SUITE_METRICS = {task: tuple(key for key in keys if key != "top5_accuracy") for task, keys in CARD_METRICS.items()}
 _NOT_SCALED = ("abs_rel", "rmse")
 
 
@@ -74,7 +78,7 @@ def run_dense_task(
         dataclasses.replace(training_args, output_dir=str(output_dir), seed=seed),
         save_model=save_model,
     )
-    keys = dict.fromkeys((PRIMARY_METRICS[task], *CARD_METRICS[task]))
+    keys = dict.fromkeys((PRIMARY_METRICS[task], *SUITE_METRICS[task]))
     missing = [key for key in keys if f"eval_{key}" not in eval_metrics]
     if missing:
         raise RuntimeError(f"{task}: the evaluation returned no {missing} (got {sorted(eval_metrics)})")
@@ -99,7 +103,7 @@ def _row(task: str) -> SuiteTask:
         primary_metric=PRIMARY_METRICS[task],
         metric_label=metric_label,
         run=lambda *args, **kwargs: run_dense_task(task, *args, **kwargs),
-        card_metrics={key: (key, target) for key in CARD_METRICS[task]},
+        card_metrics={key: (key, target) for key in SUITE_METRICS[task]},
     )
 
 
