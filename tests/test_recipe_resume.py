@@ -1,5 +1,6 @@
 """The PoS pre-training recipe, SIGKILLed after a checkpoint and rerun with the same command, ends with parameters
-bit-identical (CPU) to an uninterrupted run: masking, data order, dropout and optimiser state all resume exactly."""
+bit-identical (CPU) to an uninterrupted run: masking, data order, dropout and optimiser state all resume exactly; also
+with task-weighted sampling (the sampling weights of the steps before the checkpoint are restored)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ MAX_STEPS = 30
 STEPS_PER_EPOCH = 3  # 24 training blocks, batches of 8: the run spans 10 epochs
 
 
-def _command(train_file: Path, output_dir: Path) -> list[str]:
+TASK_SAMPLING = ["--masking", "per_example", "--task_sampling", "weights", "--weighting", "minimax"]
+
+
+def _command(train_file: Path, output_dir: Path, extra: list[str]) -> list[str]:
     return [
         sys.executable, str(RECIPE),
         "--train_file", str(train_file),
@@ -41,6 +45,7 @@ def _command(train_file: Path, output_dir: Path) -> list[str]:
         "--use_cpu", "true",
         "--disable_tqdm", "true",
         "--output_dir", str(output_dir),
+        *extra,
     ]  # fmt: skip
 
 
@@ -53,15 +58,16 @@ def _train_loss(output_dir: Path) -> float:
     return json.loads((output_dir / "train_results.json").read_text())["train_loss"]
 
 
-def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], TASK_SAMPLING], ids=["per_token", "task_sampling"])
+def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, extra: list[str]) -> None:
     train_file = tmp_path / "train.txt"
     train_file.write_text("\n".join(load_ewt_corpus("train")["text"][:60]) + "\n", encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
     with open(tmp_path / "uninterrupted.log", "w") as reference_log, open(tmp_path / "killed.log", "w") as killed_log:
-        reference = subprocess.Popen(_command(train_file, reference_dir), env=env, stdout=reference_log,
+        reference = subprocess.Popen(_command(train_file, reference_dir, extra), env=env, stdout=reference_log,
                                      stderr=subprocess.STDOUT, cwd=tmp_path)
-        killed = subprocess.Popen(_command(train_file, resumed_dir), env=env, stdout=killed_log,
+        killed = subprocess.Popen(_command(train_file, resumed_dir, extra), env=env, stdout=killed_log,
                                   stderr=subprocess.STDOUT, cwd=tmp_path)
         try:
             deadline = time.monotonic() + 300
@@ -78,8 +84,8 @@ def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path) ->
     steps_done = max(int(p.name.split("-")[1]) for p in resumed_dir.glob("checkpoint-*"))
     assert 4 <= steps_done < MAX_STEPS
 
-    rerun = subprocess.run(_command(train_file, resumed_dir), env=env, capture_output=True, text=True, timeout=600,
-                           cwd=tmp_path)
+    rerun = subprocess.run(_command(train_file, resumed_dir, extra), env=env, capture_output=True, text=True,
+                           timeout=600, cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
 
     losses = _losses(reference_dir)
@@ -92,3 +98,9 @@ def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path) ->
     resumed = load_file(resumed_dir / "model.safetensors")
     assert expected.keys() == resumed.keys() and len(expected) > 10
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+    if extra:  # the sampling weights followed minimax (not uniform) and were restored: the same history
+        states = [json.loads((d / "weighting_state.json").read_text())["state"] for d in (reference_dir, resumed_dir)]
+        assert states[0] == states[1] and states[0]["name"] == "TaskSamplingWeighting"
+        history = states[0]["schedule"]["history"]
+        assert sorted(history, key=int) == [str(s) for s in range(MAX_STEPS - 2, MAX_STEPS + 1)]
+        assert max(history[str(MAX_STEPS)]) > 1.01 / 9

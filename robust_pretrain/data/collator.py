@@ -11,6 +11,7 @@ import torch
 
 from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
 from robust_pretrain.seeding import SharedEpoch, keyed_torch_generator
+from robust_pretrain.task_sampling import TaskSamplingSchedule, draw_tasks
 
 IGNORE_INDEX = -100
 _INPUT_COLUMNS = ("input_ids", "word_ids", "token_task_ids")
@@ -32,7 +33,9 @@ class TaskGroupedMLMCollator:
         present in the batch appears if and only if every k of them occur together in at least k sequences (Hall's
         condition, e.g. when each present task occurs in at least as many sequences as there are present tasks).
         A batch size >= number of tasks is not enough: of 9 sequences where 8 hold only nouns, at most 2 tasks
-        can be covered.
+        can be covered. With a ``task_schedule`` (task-weighted sampling, :mod:`robust_pretrain.task_sampling`)
+        each sequence's task is instead drawn independently, with probability proportional to the schedule's
+        weights for the batch's optimizer step, among the tasks the sequence contains.
 
     Targets are replaced by the mask token with ``mask_replace_prob``, by a random token with
     ``random_replace_prob`` and kept otherwise (80/10/10). Words of no task (punctuation, numbers, ...), special
@@ -59,6 +62,7 @@ class TaskGroupedMLMCollator:
     random_replace_prob: float = 0.1
     pad_to_multiple_of: int | None = None
     seed: int | None = None
+    task_schedule: TaskSamplingSchedule | None = None
     _base_seed: int = field(init=False, repr=False)
     _epoch: SharedEpoch = field(default_factory=SharedEpoch, init=False, repr=False)
 
@@ -77,6 +81,12 @@ class TaskGroupedMLMCollator:
         if not (0.0 <= self.mask_replace_prob and 0.0 <= self.random_replace_prob
                 and self.mask_replace_prob + self.random_replace_prob <= 1.0):
             raise ValueError("mask_replace_prob and random_replace_prob must be >= 0 and sum to at most 1")
+        if self.task_schedule is not None and (self.mode != "per_example"
+                                                or self.task_schedule.num_tasks != self.num_tasks):
+            raise ValueError(
+                f"a task_schedule (task-weighted sampling) needs mode='per_example' and {self.num_tasks} tasks, got "
+                f"mode={self.mode!r} and {self.task_schedule.num_tasks} tasks"
+            )
         if self.tokenizer.mask_token_id is None:
             raise ValueError("the tokenizer has no mask token, which masked language modelling needs")
         if self.tokenizer.pad_token_id is None:
@@ -181,7 +191,11 @@ class TaskGroupedMLMCollator:
     ) -> torch.Tensor:
         word_tasks, columns = self._word_table(word_ids, token_tasks, -1)
         word_tasks[:, -1] = -1
-        assigned = self.assign_tasks(word_tasks, generator)
+        if self.task_schedule is None:
+            assigned = self.assign_tasks(word_tasks, generator)
+        else:
+            assigned = draw_tasks(self._present_tasks(word_tasks), self.task_schedule.next_batch_weights()[1],
+                                  generator)
         eligible = (word_tasks == assigned[:, None]) & (assigned[:, None] >= 0)
         word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long)
         word_lengths.scatter_add_(1, columns, torch.ones_like(columns))
@@ -200,12 +214,16 @@ class TaskGroupedMLMCollator:
         chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted)
         return chosen.gather(1, columns)
 
+    def _present_tasks(self, word_tasks: torch.Tensor) -> torch.Tensor:
+        """Bool ``(batch, num_tasks)``: whether each sequence has a word of each task."""
+        present = torch.zeros(word_tasks.shape[0], self.num_tasks + 1, dtype=torch.bool)
+        present.scatter_(1, torch.where(word_tasks >= 0, word_tasks, self.num_tasks), True)
+        return present[:, : self.num_tasks]
+
     def assign_tasks(self, word_tasks: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """One task per sequence (-1 if it has no task word), balanced over the batch as described above."""
         batch_size = word_tasks.shape[0]
-        present = torch.zeros(batch_size, self.num_tasks + 1, dtype=torch.bool)
-        present.scatter_(1, torch.where(word_tasks >= 0, word_tasks, self.num_tasks), True)
-        present = present[:, : self.num_tasks]
+        present = self._present_tasks(word_tasks)
         sequence_order = torch.randperm(batch_size, generator=generator).tolist()
         tie_break = torch.randperm(self.num_tasks, generator=generator).tolist()
         frequency = present.sum(dim=0).tolist()

