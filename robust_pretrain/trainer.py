@@ -103,10 +103,11 @@ class MinimaxTrainer(Trainer):
         epoch_callback = SetEpochCallback.for_training_data(self.data_collator, self.train_dataset)
         if epoch_callback is not None:
             self.add_callback(epoch_callback)
-        self._warn_if_fsdp_falls_back()
+        self._warn_about_silent_fallbacks()
 
-    def _warn_if_fsdp_falls_back(self) -> None:
-        """Say so when FSDP was asked for but Accelerate runs another mode (on CPU it silently runs DDP)."""
+    def _warn_about_silent_fallbacks(self) -> None:
+        """Say so when Accelerate quietly runs something other than what was asked: on CPU, an FSDP config runs DDP and
+        ``fp16`` trains in fp32 (no autocast)."""
         requested = bool(self.args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
         running = self.accelerator.distributed_type
         if requested and running != DistributedType.FSDP:
@@ -115,6 +116,11 @@ class MinimaxTrainer(Trainer):
                 f"{running.value} on {self.args.device.type}: nothing is sharded, every process holds the full model, "
                 "gradients and optimizer state (on CPU: plain DDP). Accelerate shards only on GPUs and other "
                 "accelerators; the results equal an FSDP run's, the memory use does not."
+            )
+        if self.accelerator.mixed_precision == "fp16" and not self.accelerator.native_amp:
+            logger.warning(
+                f"fp16 was requested but Accelerate does not autocast to fp16 on {self.args.device.type}: this run "
+                "trains in fp32. On CPU use --bf16 for mixed precision."
             )
 
     @property

@@ -25,6 +25,7 @@ from accelerate import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from datasets import Dataset
 from safetensors.torch import save_file
+from torch._dynamo.utils import counters
 from torch.distributed.tensor import DTensor
 from transformers import BertConfig, BertForMaskedLM, TrainerCallback
 
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--untie_mlm_bias", action="store_true")
     parser.add_argument("--logging_steps", type=int, default=1)
     parser.add_argument("--gpu", action="store_true", help="train on CUDA devices (default: CPU)")
+    parser.add_argument("--compile_backend", help="train with torch_compile=True and this torch_compile_backend")
     cli = parser.parse_args()
     args = MinimaxTrainingArguments(
         output_dir=cli.out, task_names=TASKS, weighting=cli.weighting, loss_ema=cli.loss_ema,
@@ -165,6 +167,7 @@ def main() -> None:
         gradient_accumulation_steps=cli.grad_accum,
         max_steps=cli.max_steps, learning_rate=1e-3, max_grad_norm=0.0, logging_steps=cli.logging_steps,
         save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
+        torch_compile=cli.compile_backend is not None, torch_compile_backend=cli.compile_backend,
         report_to=[], use_cpu=not cli.gpu, seed=7, data_seed=7, disable_tqdm=True,
     )
     if cli.eval_examples:
@@ -192,6 +195,8 @@ def main() -> None:
         "wrapped_model": type(trainer.model_wrapped).__name__,
         "dtensor_parameters": all(isinstance(p, DTensor) for p in trainer.model.parameters()),
         "log_history": trainer.state.log_history,
+        "compiled_graphs": int(counters["stats"]["unique_graphs"]),  # first compilations + recompilations
+        "graph_breaks": int(counters["graph_break"].total()),
     }
     with open(os.path.join(cli.out, f"run-rank{rank}.json"), "w") as f:
         json.dump(run, f)
