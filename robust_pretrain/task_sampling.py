@@ -13,7 +13,18 @@ follow the weights and the objective is the plain per-target mean. Three pieces,
   uninterrupted one.
 - ``TaskGroupedMLMCollator(..., mode="per_example", task_schedule=schedule)`` draws with the weights the schedule
   assigns to each batch.
-- :class:`TaskSamplingCallback` tells the schedule where each epoch starts and refuses ``DataLoader`` workers.
+- :class:`TaskSamplingCallback` tells the schedule where each epoch starts, refuses ``DataLoader`` workers and logs
+  each step's sampling weights as ``task_sampling_weight/<task>`` (``task_weight/<task>`` are the objective's).
+
+Sampling weights exactly: at optimizer step ``s`` the trainer pools each task's mean training loss ``L_t`` over the
+step's first micro-batch and all processes (the whole step without gradient accumulation), for the tasks that batch
+drew; the strategy updates its estimates with them (the others keep their last estimate, a task never seen yet gets
+the largest) and its weights over all tasks are step ``s``'s sampling weights, e.g. for ``minimax``
+``w = (1 - eps) * softmax(alpha * L) + eps / T``. The objective is ``sum_t (N_t / N) L_t``, the plain mean over the
+step's ``N`` targets (``proportional`` weights, ``N_t`` targets of task t over all micro-batches and processes). A
+sequence can only get a task it contains, so a task's share of the draws is at most the share of sequences holding
+it (rare tasks such as interjections get less than their weight); among the tasks of a sequence the draw follows the
+weights exactly.
 
 Lag rule: the batches of optimizer step ``s`` (1-based) are drawn with the sampling weights recorded at step
 ``s - 2`` (the initial weights, uniform unless published otherwise, for ``s <= 2``). The Trainer fetches the first
@@ -133,11 +144,6 @@ class TaskSamplingWeighting(ProportionalWeighting):
         self.schedule.publish(self.step, sampling)  # self.step: the optimizer step just computed (1-based)
         return objective
 
-    @property
-    def sampling_weights(self) -> torch.Tensor:
-        """The sampling weights of the last step (initial weights before the first)."""
-        return self.schedule.history[max(self.schedule.history)].float()
-
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "sampler": self.sampler.state_dict(), "schedule": self.schedule.state_dict()}
 
@@ -168,6 +174,14 @@ class TaskSamplingCallback(TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.schedule.start_epoch(state.global_step + 1, args.gradient_accumulation_steps)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Add the step's sampling weights (``task_sampling_weight/<task>``) to the training log entry just written;
+        its ``task_weight/<task>`` are the objective's weights (the tasks' shares of the step's targets)."""
+        weights = self.schedule.history.get(state.global_step)
+        if logs and "loss" in logs and weights is not None and state.log_history:
+            for name, weight in zip(args.task_names, weights.tolist(), strict=True):
+                state.log_history[-1][f"task_sampling_weight/{name}"] = round(weight, 6)
 
 
 def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from robust_pretrain.data import load_ewt_corpus
+from robust_pretrain.pretraining.common import last_complete_checkpoint
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "pretrain_pos_mlm.py"
 MAX_STEPS = 30
@@ -81,7 +82,8 @@ def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, ex
         assert reference.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()[-3000:]
     assert killed.returncode == -9
     assert not (resumed_dir / "model.safetensors").exists()
-    steps_done = max(int(p.name.split("-")[1]) for p in resumed_dir.glob("checkpoint-*"))
+    # the kill may land while a checkpoint is written: the rerun resumes from the last complete one
+    steps_done = int(Path(last_complete_checkpoint(resumed_dir)).name.split("-")[1])
     assert 4 <= steps_done < MAX_STEPS
 
     rerun = subprocess.run(_command(train_file, resumed_dir, extra), env=env, capture_output=True, text=True,

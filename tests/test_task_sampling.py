@@ -215,6 +215,8 @@ def test_trainer_samples_with_minimax_weights_and_minimises_the_plain_mean(tmp_p
         filled = torch.where(estimates.isnan(), estimates[~estimates.isnan()].max(), estimates)
         expected = torch.softmax(filled.double(), 0)
         assert torch.allclose(torch.tensor(schedule.published[step], dtype=torch.float64), expected, atol=1e-5)
+        logged = [entry[f"task_sampling_weight/{name}"] for name in TASK_NAMES]
+        assert logged == pytest.approx(schedule.published[step], abs=1e-6)
         # the objective's weights are each task's share of the step's targets: the loss is the plain mean over them
         counts = torch.bincount(trainer.data_collator.target_tasks[step - 1], minlength=NUM_TASKS).double()
         weights = torch.tensor([entry[f"task_weight/{name}"] for name in TASK_NAMES], dtype=torch.float64)

@@ -570,8 +570,7 @@ def run(argv: list[str]) -> dict:
             "processes": training_args.world_size,
         },
     }
-    # with task sampling the strategy's weights decide the data (the objective's weights are the targets' shares)
-    final_weights = (trainer.step_weights if weighting is None else weighting.sampling_weights).tolist()
+    final_weights = trainer.step_weights.tolist()
     report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, report_settings, final_weights)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
