@@ -240,6 +240,14 @@ def test_dataloader_workers_are_refused(tmp_path):
         next(iter(loader))
 
 
+def test_iterable_training_data_is_refused(tmp_path):
+    iterable = Dataset.from_list(_training_rows(4)).to_iterable_dataset()
+    args = MinimaxTrainingArguments(output_dir=str(tmp_path), task_names=TASK_NAMES, use_cpu=True, report_to=[])
+    callback = TaskSamplingCallback(TaskSamplingSchedule(NUM_TASKS))
+    with pytest.raises(ValueError, match="needs a map-style training dataset"):
+        callback.on_train_begin(args, None, None, train_dataloader=torch.utils.data.DataLoader(iterable))
+
+
 def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
