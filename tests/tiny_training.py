@@ -170,8 +170,8 @@ def main() -> None:
         torch_compile=cli.compile_backend is not None, torch_compile_backend=cli.compile_backend,
         report_to=[], use_cpu=not cli.gpu, seed=7, data_seed=7, disable_tqdm=True,
     )
+    os.makedirs(cli.out, exist_ok=True)  # also where this process is not the main one (another node's folder)
     if cli.eval_examples:
-        os.makedirs(cli.out, exist_ok=True)
         with open(os.path.join(cli.out, f"eval-rank{args.process_index}.json"), "w") as f:
             json.dump(evaluate_both_modes(args, cli.eval_examples), f)
         return
