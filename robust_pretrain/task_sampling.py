@@ -36,6 +36,14 @@ batches it collates in the main process, so ``dataloader_num_workers`` must be 0
 timing-dependent amount and in other processes) and the collator must collate only training batches (held-out data
 masked in advance, as the recipe does). Map-style datasets only (with an iterable dataset Accelerate may let one
 process collate for all).
+
+Usage (the PoS recipe: ``--masking per_example --task_sampling weights --weighting minimax``)::
+
+    schedule = TaskSamplingSchedule(len(args.task_names))
+    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=args.seed, task_schedule=schedule)
+    trainer = MinimaxTrainer(model=model, args=args, train_dataset=train, data_collator=collator,
+                             weighting=TaskSamplingWeighting(args.build_weighting(), schedule),
+                             callbacks=[TaskSamplingCallback(schedule)])
 """
 
 from __future__ import annotations
