@@ -138,6 +138,8 @@ class RecordCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if self.kill_after_save is not None and state.global_step == self.kill_after_save:
+            if torch.distributed.is_initialized():  # every process has written its part of the checkpoint
+                torch.distributed.barrier()
             os.kill(os.getpid(), signal.SIGKILL)
 
 
