@@ -23,6 +23,8 @@ from transformers import AutoImageProcessor, BaseImageProcessor, ViTConfig, ViTM
 from transformers.image_utils import PILImageResampling
 from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
+
 from .configuration_multimae import MultiMAEConfig
 from .modeling_multimae import MultiMAEModel, MultiMAEPreTrainedModel, sincos_position_embedding
 
@@ -110,16 +112,25 @@ def export_vit(
     return output
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run(argv: Sequence[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="robust-pretrain-export-vit", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="MM-MAE checkpoint directory (or Hub id)")
     parser.add_argument("output_dir", help="where to write the ViT checkpoint")
     parser.add_argument("--modality", default=None, help="modality the ViT reads (default: the rgb modality)")
     args = parser.parse_args(argv)
-    output = export_vit(args.checkpoint, args.output_dir, args.modality)
+    check_checkpoint(args.checkpoint, "checkpoint")
+    try:
+        output = export_vit(args.checkpoint, args.output_dir, args.modality)
+    except FileExistsError as err:
+        raise UsageError(str(err)) from err
     print(f"ViT checkpoint written to {output}")
     return output
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-export-vit``): exit status 2 and one paragraph for a bad input."""
+    return run_console(run, argv, prog="robust-pretrain-export-vit")
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
