@@ -221,13 +221,22 @@ def run(argv: list[str]) -> dict:
     own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="config file of the pre-training recipe shared by every run")
-    parser.add_argument("--strategies", nargs="+", default=["average", "minimax"], help="weighting strategies")
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        default=["proportional", "average", "minimax"],
+        help="weighting strategies (default: the standard MLM objective, the eq. 4 average and minimax)",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="seeds; each strategy runs with each")
     parser.add_argument(
         "--sweep", help="one setting over values, e.g. alpha=0.5,1,2 or loss_normalization=raw,relative"
     )
     parser.add_argument("--output_dir", required=True, help="where runs and the comparison are written")
-    parser.add_argument("--baseline", default="average", help="run the relative changes are measured against")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="run the relative changes are measured against (default: proportional if run, else the first strategy)",
+    )
     parser.add_argument("--launcher", default="", help='e.g. "accelerate launch --num_processes 2 ..."')
     parser.add_argument(
         "--recipe", choices=list(RECIPES), help="pre-training recipe (default: the one the --config file is for)"
@@ -255,9 +264,10 @@ def run(argv: list[str]) -> dict:
         "runs": table,
     }
     (output_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
-    (output_dir / "comparison.md").write_text(markdown(table, cli.baseline))
+    baseline = cli.baseline or ("proportional" if "proportional" in cli.strategies else cli.strategies[0])
+    (output_dir / "comparison.md").write_text(markdown(table, baseline))
     plot(table, reports, output_dir, frontier=cli.sweep is not None)
-    print(markdown(table, cli.baseline))
+    print(markdown(table, baseline))
     return result
 
 
