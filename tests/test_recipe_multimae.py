@@ -148,7 +148,7 @@ def test_card_lists_the_modalities(pushed_run) -> None:
 
 def test_resume_refuses_other_settings(pushed_run) -> None:
     output_dir = pushed_run[0]
-    with pytest.raises(UsageError, match=r"--mask_alpha 1\.0 -> 0\.5"):
+    with pytest.raises(UsageError, match=r"holds a run with other settings \(mask_alpha: 1\.0 -> 0\.5\)"):
         recipe.run(argv(output_dir, "--mask_alpha", "0.5", "--max_steps", "4"))
 
 
@@ -340,7 +340,8 @@ def test_compare_on_the_vision_config(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(compare.subprocess, "run", run)
     out = tmp_path / "compare"
     overrides = [*TINY, "--max_steps", "2", "--num_reconstructions", "0"]
-    result = compare.run(["--config", str(VISION_CONFIG), "--seeds", "1", "2", "--sweep", "alpha=0.5,4",
+    result = compare.run(["--config", str(VISION_CONFIG), "--strategies", "average", "minimax", "--seeds", "1", "2",
+                          "--sweep", "alpha=0.5,4",
                           "--output_dir", str(out), "--", *overrides])
     assert list(result["runs"]) == ["average", "minimax-alpha=0.5", "minimax-alpha=4"] and len(calls) == 6
     for run_name, table in result["runs"].items():
