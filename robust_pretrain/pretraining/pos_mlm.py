@@ -11,13 +11,14 @@ last checkpoint in ``output_dir`` when there is one.
 
 from __future__ import annotations
 
+import glob
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, IterableDataset, load_dataset
 from datasets.exceptions import DatasetGenerationError
 from transformers import (
     AutoConfig,
@@ -135,6 +136,17 @@ class DataArguments:
     )
     max_seq_length: int = field(default=128, metadata={"help": "Tokens per sequence (special tokens included)."})
     pack: bool = field(default=True, metadata={"help": "Concatenate texts and cut them into max_seq_length blocks."})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream --dataset_name / --train_file (a datasets IterableDataset, nothing cached): texts are "
+            "tagged and packed on the fly where batches are drawn (in --dataloader_num_workers workers), each "
+            "process reads its own files (Accelerate shards the stream by file: give at least as many files as "
+            "processes), and a resumed run replays the current epoch's batches, so it ends exactly like an "
+            "uninterrupted one. Needs --max_steps, held-out data (--validation_file or a validation/test split, read "
+            "whole or its first --max_eval_samples texts) and --tokenizer_name or --model_name_or_path."
+        },
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tagging."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the tagged datasets."})
     task_spec: str | None = field(
@@ -200,12 +212,19 @@ def run_config(
     optimiser, schedule, seeds): a run resumes only with the same ones (``max_steps`` may grow)."""
     config = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
     config.update(
-        train_file_sha256=file_fingerprint(data_args.train_file),
-        validation_file_sha256=file_fingerprint(data_args.validation_file),
+        train_file_sha256=files_fingerprint(data_args.train_file, "--train_file"),
+        validation_file_sha256=files_fingerprint(data_args.validation_file, "--validation_file"),
         task_groups=spec.to_dict(),
         **training_settings(training_args),
     )
     return config
+
+
+def files_fingerprint(pattern: str | None, option: str) -> str | list[str | None] | None:
+    """SHA-256 of the file (or of each file matching the glob pattern) a data option names."""
+    if pattern is None or not glob.has_magic(pattern):
+        return file_fingerprint(pattern)
+    return [file_fingerprint(path) for path in matching_files(pattern, option)]
 
 
 def _check_text_file(path: Path, option: str, builder: str) -> None:
@@ -228,26 +247,69 @@ def _check_text_file(path: Path, option: str, builder: str) -> None:
             raise UsageError(f"{option} {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
 
 
+def matching_files(pattern: str, option: str) -> list[str]:
+    """The files a --train_file / --validation_file names: one path, or every match of a glob pattern, sorted."""
+    if not glob.has_magic(pattern):
+        return [pattern]
+    paths = sorted(glob.glob(pattern))
+    if not paths:
+        raise UsageError(f"{option} {pattern}: no file matches")
+    return paths
+
+
+def check_streaming(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments):
+    """Refuse, naming the option, what a stream cannot do."""
+    if data_args.dataset_name is None and data_args.train_file is None:
+        raise UsageError("--streaming reads --dataset_name or --train_file (the default UD corpus is small: drop it)")
+    if training_args.max_steps <= 0:
+        raise UsageError(
+            "--streaming needs --max_steps: a stream has no length, so the number of steps cannot come from "
+            "--num_train_epochs"
+        )
+    if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
+        raise UsageError(
+            "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name (a saved tokenizer) or "
+            "--model_name_or_path"
+        )
+
+
+def log_stream_sharding(train_dataset: IterableDataset, processes: int) -> None:
+    """Say how Accelerate splits the stream over the processes (by file when there are enough files)."""
+    files = train_dataset.n_shards
+    if files >= processes:
+        least = files // processes
+        share = f"{least}" if files % processes == 0 else f"{least} or {least + 1}"
+        logger.info("streaming: each process reads %s of the %d files (shards) of the training stream", share, files)
+    else:
+        logger.warning(
+            "streaming: the training stream has %d file(s) (shards) for %d processes, so every process reads all of "
+            "it and keeps its share of the batches; split the corpus into at least %d files to read disjoint data",
+            files,
+            processes,
+            processes,
+        )
+
+
 def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
     """UD-EWT text (``ud_dir``) by default, else a Hub dataset or local files; always a train and a validation split."""
     if data_args.dataset_name is not None:
-        raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+        raw = load_dataset(data_args.dataset_name, data_args.dataset_config_name, streaming=data_args.streaming)
     elif data_args.train_file is not None:
-        files = {"train": data_args.train_file}
+        files = {"train": matching_files(data_args.train_file, "--train_file")}
         if data_args.validation_file is not None:
-            files["validation"] = data_args.validation_file
-        builder = TEXT_BUILDERS.get(Path(data_args.train_file).suffix.lstrip("."))
+            files["validation"] = matching_files(data_args.validation_file, "--validation_file")
+        builder = TEXT_BUILDERS.get(Path(files["train"][0]).suffix.lstrip("."))
         if builder is None:
             raise UsageError(f"--train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
-        for split, path in files.items():
-            _check_text_file(Path(path), f"--{split}_file", builder)
+        for split, paths in files.items():
+            for path in paths:
+                _check_text_file(Path(path), f"--{split}_file", builder)
         try:
-            raw = load_dataset(builder, data_files=files)
+            raw = load_dataset(builder, data_files=files, streaming=data_args.streaming)
         except DatasetGenerationError as err:
             cause = err.__cause__ or err
-            raise UsageError(
-                f"could not read {' and '.join(files.values())} as {builder} data: {type(cause).__name__}: {cause}"
-            ) from err
+            names = " and ".join(path for paths in files.values() for path in paths)
+            raise UsageError(f"could not read {names} as {builder} data: {type(cause).__name__}: {cause}") from err
     else:
         try:
             raw = DatasetDict(
@@ -261,11 +323,22 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
     if "validation" not in raw:
         if "test" in raw:
             raw["validation"] = raw["test"]
+        elif data_args.streaming:
+            raise UsageError(
+                "--streaming needs held-out data: pass --validation_file (or a dataset with a validation or test "
+                "split); a stream cannot be split by --validation_split_percentage"
+            )
         else:
             split = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100, seed=0)
             raw = DatasetDict({"train": split["train"], "validation": split["test"]})
+    if data_args.streaming:  # the held-out set is read once (whole, or its first --max_eval_samples texts)
+        held_out = raw["validation"]
+        if data_args.max_eval_samples is not None:
+            held_out = held_out.take(data_args.max_eval_samples)
+        raw["validation"] = Dataset.from_list(list(held_out))
     for name in ("train", "validation"):
-        if data_args.text_column_name not in raw[name].column_names:
+        columns = raw[name].column_names
+        if columns is not None and data_args.text_column_name not in columns:
             raise UsageError(
                 f"the {name} data has no text column {data_args.text_column_name!r} "
                 f"(columns: {raw[name].column_names}); set --text_column_name"
@@ -475,6 +548,8 @@ def run(argv: list[str]) -> dict:
     if list(training_args.task_names) != spec.task_names:
         raise UsageError(f"--task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
     validate_training_args(training_args)
+    if data_args.streaming:
+        check_streaming(model_args, data_args, training_args)
     schedule, weighting, callbacks = None, None, []
     if data_args.task_sampling == "weights":
         if training_args.dataloader_num_workers > 0:
@@ -519,7 +594,9 @@ def run(argv: list[str]) -> dict:
             for name in ("train", "validation")
         }
     train_dataset, eval_dataset = tagged["train"], tagged["validation"]
-    if data_args.max_train_samples is not None:
+    if data_args.max_train_samples is not None and data_args.streaming:
+        train_dataset = train_dataset.take(data_args.max_train_samples)
+    elif data_args.max_train_samples is not None:
         train_dataset = train_dataset.select(range(min(data_args.max_train_samples, len(train_dataset))))
     if data_args.max_eval_samples is not None:
         eval_dataset = eval_dataset.select(range(min(data_args.max_eval_samples, len(eval_dataset))))
@@ -542,6 +619,9 @@ def run(argv: list[str]) -> dict:
     )
     train_collator = collator(training_args.seed + training_args.process_index, schedule)
     write_run_config(training_args, settings)
+    if data_args.streaming:  # every process reads its own files (Accelerate's default would read on process 0 only)
+        training_args.accelerator_config.dispatch_batches = False
+        log_stream_sharding(train_dataset, training_args.world_size)
     trainer = create_trainer(
         training_args,
         model=model,

@@ -1,0 +1,122 @@
+"""``--streaming true`` in the PoS recipe: a local corpus of several files read as a ``datasets`` IterableDataset by 2
+processes (Accelerate shards it by file: each process reads its own files), tagged and packed on the fly in a
+DataLoader worker; a run SIGKILLed after a checkpoint and rerun ends exactly like an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from robust_pretrain.cli import UsageError
+from robust_pretrain.data import load_ewt_corpus
+from robust_pretrain.pretraining import pos_mlm as recipe
+from robust_pretrain.pretraining.common import last_complete_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "pretrain_pos_mlm.py"
+MAX_STEPS = 30
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """4 training files (shards), a validation file and a WordPiece tokenizer trained on the training texts."""
+    folder = tmp_path_factory.mktemp("corpus")
+    texts = [t.replace("\n", " ") for t in load_ewt_corpus("train")["text"][:240]]
+    for shard in range(4):
+        (folder / f"part-{shard}.txt").write_text("\n".join(texts[shard::4]) + "\n")
+    (folder / "valid.txt").write_text("\n".join(t.replace("\n", " ") for t in load_ewt_corpus("test")["text"][:30]))
+    recipe.train_wordpiece_tokenizer(texts, 600).save_pretrained(folder / "tokenizer")
+    return {"train": folder / "part-*.txt", "validation": folder / "valid.txt", "tokenizer": folder / "tokenizer"}
+
+
+def recipe_args(corpus: dict[str, Path], output_dir: Path) -> list[str]:
+    return [
+        "--streaming", "true",
+        "--train_file", str(corpus["train"]), "--validation_file", str(corpus["validation"]),
+        "--tokenizer_name", str(corpus["tokenizer"]),
+        "--model_size", "tiny", "--max_seq_length", "64", "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "16", "--max_eval_samples", "16",
+        "--max_steps", str(MAX_STEPS), "--save_steps", "1", "--logging_steps", "1", "--warmup_steps", "0",
+        "--learning_rate", "1e-3",
+        "--dataloader_num_workers", "1", "--use_cpu", "true", "--seed", "7", "--disable_tqdm", "true",
+        "--output_dir", str(output_dir),
+    ]  # fmt: skip
+
+
+def launch(corpus: dict[str, Path], output_dir: Path, log: Path) -> subprocess.Popen:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command = [*torchrun, "--master_port", str(free_port()), str(RECIPE), *recipe_args(corpus, output_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as stream:  # the child keeps its own copy of the file descriptor
+        return subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT)
+
+
+def losses(output_dir: Path) -> list[float]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+def test_streaming_run_killed_after_a_checkpoint_resumes_exactly(corpus, tmp_path):
+    reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
+    reference = launch(corpus, reference_dir, tmp_path / "uninterrupted.log")
+    killed = launch(corpus, resumed_dir, tmp_path / "killed.log")
+    try:
+        deadline = time.monotonic() + 300
+        while not (resumed_dir / "checkpoint-4" / "trainer_state.json").is_file():
+            assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint-4 after 300 s"
+            time.sleep(0.05)
+    finally:  # torchrun starts its workers in sessions of their own: SIGKILL each of them, and the launcher
+        for process in [*psutil.Process(killed.pid).children(recursive=True), psutil.Process(killed.pid)]:
+            process.send_signal(signal.SIGKILL)
+        killed.wait()
+    assert reference.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()[-3000:]
+    assert not (resumed_dir / "model.safetensors").exists()
+    steps_done = int(Path(last_complete_checkpoint(resumed_dir)).name.split("-")[1])
+    assert 4 <= steps_done < MAX_STEPS
+
+    rerun = launch(corpus, resumed_dir, tmp_path / "rerun.log")
+    assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    assert len(losses(reference_dir)) == MAX_STEPS and losses(resumed_dir) == losses(reference_dir)
+    expected, resumed = load_file(reference_dir / "model.safetensors"), load_file(resumed_dir / "model.safetensors")
+    assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected)
+    log = (tmp_path / "uninterrupted.log").read_text()
+    assert "each process reads 2 of the 4 files" in log
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--tokenizer_name": None}, "--streaming: a tokenizer cannot be trained on a stream"),
+        ({"--validation_file": None}, "--streaming needs held-out data"),
+        ({"--train_file": "nothing-*.txt"}, "--train_file nothing-\\*.txt: no file matches"),
+        ({"--max_steps": "-1"}, "--streaming needs --max_steps"),
+    ],
+)
+def test_streaming_refuses_what_a_stream_cannot_do(corpus, tmp_path, change, message):
+    args = recipe_args(corpus, tmp_path / "out")
+    for option, value in change.items():
+        index = args.index(option)
+        if value is None:
+            del args[index : index + 2]
+        else:
+            args[index + 1] = value
+    with pytest.raises(UsageError, match=message):
+        recipe.run(args)
