@@ -53,6 +53,13 @@ def _mean_std(values: list[float]) -> dict[str, float]:
             "n": len(values)}
 
 
+def _standard_errors(baseline: list[float], other: list[float]) -> float:
+    """Difference of means over its standard error (Welch); inf for a non-zero difference without spread."""
+    error = (statistics.variance(baseline) / len(baseline) + statistics.variance(other) / len(other)) ** 0.5
+    difference = statistics.fmean(other) - statistics.fmean(baseline)
+    return difference / error if error else (0.0 if difference == 0 else float("inf") * difference)
+
+
 def _strategy_of(checkpoint: str) -> tuple[str, str]:
     """``(strategy, seed)`` of a comparison run directory ``.../<strategy>/seed-<seed>``."""
     path = Path(checkpoint)
@@ -74,13 +81,21 @@ def upstream_table(compare_dir: Path) -> dict:
 
 def downstream_tables(suite: dict) -> dict:
     """Per strategy: each task's scores pooled over (pre-training seed, fine-tuning seed), the average and worst task
-    of the pooled means, and per pre-training seed the task means (for the between-seed spread)."""
+    of the pooled means, and per pre-training seed the task means (for the between-seed spread). The delta of minimax
+    against average comes with its size in standard errors (``delta / sqrt(s_a^2/n_a + s_m^2/n_m)`` over the pooled
+    runs; for the average, over each run's mean of the three tasks)."""
     tasks, pooled = suite["tasks"], {}
     for checkpoint, entry in suite["checkpoints"].items():
         strategy, seed = _strategy_of(checkpoint)
-        slot = pooled.setdefault(strategy, {"scores": {t: [] for t in tasks}, "per_pretraining_seed": {}})
+        slot = pooled.setdefault(strategy, {"scores": {t: [] for t in tasks}, "run_averages": [],
+                                            "per_pretraining_seed": {}})
         for task in tasks:
             slot["scores"][task] += entry["tasks"][task]["scores"]
+        seeds = [entry["tasks"][task]["seeds"] for task in tasks]
+        if any(order != seeds[0] for order in seeds):
+            raise ValueError(f"{checkpoint}: tasks were run with different fine-tuning seeds {seeds}")
+        runs = zip(*(entry["tasks"][task]["scores"] for task in tasks), strict=True)
+        slot["run_averages"] += [statistics.fmean(run) for run in runs]
         slot["per_pretraining_seed"][seed] = {
             **{task: entry["tasks"][task]["mean"] for task in tasks},
             "average": entry["average"], "worst_task": entry["worst_task"], "worst_score": entry["worst_score"],
@@ -101,6 +116,10 @@ def downstream_tables(suite: dict) -> dict:
             "tasks": {t: other["tasks"][t]["mean"] - base["tasks"][t]["mean"] for t in tasks},
             "average": other["average"] - base["average"],
             "worst_score": other["worst_score"] - base["worst_score"],
+            "in_standard_errors": {
+                **{t: _standard_errors(base["scores"][t], other["scores"][t]) for t in tasks},
+                "average": _standard_errors(base["run_averages"], other["run_averages"]),
+            },
         }
     return {"tasks": tasks, "strategies": pooled, "delta_minimax_vs_average": delta}
 
@@ -120,6 +139,12 @@ def render_upstream(upstream: dict) -> list[str]:
         worst_tasks = ", ".join(f"{seed}: {r['worst_task']}" for seed, r in upstream["per_seed"][run].items())
         lines.append(f"| {run} | " + " | ".join(_pm(stats["task_loss"][m], 4) for m in modalities)
                      + f" | {_pm(stats['mean_task_loss'], 4)} | {_pm(stats['worst_task_loss'], 4)} | {worst_tasks} |")
+    if {"average", "minimax"} <= set(runs):
+        base, other = upstream["runs"]["average"], upstream["runs"]["minimax"]
+        pairs = [(base["task_loss"][m], other["task_loss"][m]) for m in modalities]
+        pairs += [(base[key], other[key]) for key in ("mean_task_loss", "worst_task_loss")]
+        lines.append("| **Δ minimax − average** | " + " | ".join(
+            f"{o['mean'] - b['mean']:+.4f} ({o['mean'] / b['mean'] - 1:+.1%})" for b, o in pairs) + " | |")
     lines += ["", "Per pre-training seed:", "", "| run | seed | " + " | ".join(modalities) + " | mean | worst |",
               "|---" * (len(modalities) + 4) + "|"]
     for run in runs:
@@ -149,6 +174,12 @@ def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) 
     if delta is not None:
         lines.append("| **Δ minimax − average** | " + " | ".join(f"{delta['tasks'][t]:+.1f}" for t in tasks)
                      + f" | {delta['average']:+.1f} | {delta['worst_score']:+.1f} | | |")
+        errors = delta["in_standard_errors"]
+        worst_task = downstream["strategies"]["minimax"]["worst_task"]
+        same_worst = worst_task == downstream["strategies"]["average"]["worst_task"]
+        lines.append("| Δ in standard errors | " + " | ".join(f"{errors[t]:+.1f}" for t in tasks)
+                     + f" | {errors['average']:+.1f} | " + (f"{errors[worst_task]:+.1f}" if same_worst else "")
+                     + " | | |")
     lines += ["", "Per pre-training seed (mean of 2 fine-tuning seeds):", "",
               "| strategy | pt seed | " + " | ".join(headers) + " | average | worst task |",
               "|---" * (len(tasks) + 4) + "|"]
