@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
+from ports import free_port
 from test_glue_support import make_tiny_bert
 
 from robust_pretrain.cli import UsageError
@@ -353,7 +354,7 @@ def test_two_processes_run_each_cell_once_and_resume(tmp_path: Path, shared_data
     """accelerate launch / torchrun: every process trains the cell together, the main one writes; a rerun reuses."""
     tiny = make_tiny_bert(tmp_path / "tiny")
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "glue_suite.py"
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29543"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     argv = ["--checkpoints", str(tiny), "--tasks", "rte", "--seeds", "3", "--glue_dir", str(shared_data / "glue"),
             "--max_train_samples", "16", "--max_eval_samples", "21", "--per_device_eval_batch_size", "4",
             "--max_steps", "1", "--disable_tqdm", "true", "--output_dir", str(tmp_path / "suite")]  # fmt: skip

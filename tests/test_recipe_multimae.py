@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from PIL import Image
+from ports import free_port
 from safetensors.torch import load_file
 from test_recipe_pretrain import DEMO_CONFIG, assert_png, single_thread
 
@@ -153,11 +153,6 @@ def test_resume_refuses_other_settings(pushed_run) -> None:
 
 
 # ------------------------------------------------------------------------------------------ 2. two processes
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -> None:
     """2 gloo processes x 2 images per step compute what 1 process x 4 images computes: same crops and masks (keyed
@@ -167,7 +162,7 @@ def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(RECIPE),
+        "--main_process_port", str(free_port()), str(RECIPE),
         *argv(two, "--per_device_train_batch_size", "2", "--weighting", "minimax"),
     ]  # fmt: skip
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -12,7 +12,6 @@ import contextlib
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
+from ports import free_port
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import common as recipe_common
@@ -618,11 +618,6 @@ def test_lora_adapter_reproduces_the_trained_mlm(lora_run: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------- 4. two processes
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_two_processes(tmp_path: Path, small_files) -> None:
     output_dir = tmp_path / "ddp"
@@ -630,7 +625,7 @@ def test_two_processes(tmp_path: Path, small_files) -> None:
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(RECIPES / "pretrain_pos_mlm.py"),
+        "--main_process_port", str(free_port()), str(RECIPES / "pretrain_pos_mlm.py"),
         *argv(output_dir, "--train_file", str(small_files["train.txt"]), "--max_seq_length", "64",
               "--max_steps", "2", "--per_device_train_batch_size", "4"),
     ]  # fmt: skip
@@ -693,7 +688,7 @@ def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> N
     from robust_pretrain.testing import DEFAULT_TOKEN, use_local_hub
 
     output_dir = tmp_path / "out"
-    with use_local_hub(f"http://127.0.0.1:{_free_port()}"):  # nothing listens there
+    with use_local_hub(f"http://127.0.0.1:{free_port()}"):  # nothing listens there
         with pytest.raises(HubPublishError) as info:
             recipe.run(_hub_args(output_dir, small_files, "local-user/unreachable", DEFAULT_TOKEN))
     err = info.value

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from ports import free_port
 from safetensors.torch import load_file
 from transformers import BertForMaskedLM
 
@@ -56,13 +57,13 @@ def weights_difference(path: Path, reference: Path, skip: int = 0) -> float:
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp")
-    torchrun(out, *COMMON, port=29641)
+    torchrun(out, *COMMON, port=free_port())
     return out
 
 
 def test_fsdp2_sharded_training_equals_ddp(ddp_run, tmp_path):
     fsdp = tmp_path / "fsdp2"
-    torchrun(fsdp, *COMMON, "--fsdp2", port=29642)
+    torchrun(fsdp, *COMMON, "--fsdp2", port=free_port())
     for rank in (0, 1):
         info = run_info(fsdp, rank)
         assert (info["distributed_type"], info["wrapped_model"]) == ("FSDP", "FSDPBertForMaskedLM")
@@ -96,16 +97,18 @@ def test_fsdp2_sharded_training_equals_ddp(ddp_run, tmp_path):
 
 def test_fsdp2_resume_from_sharded_checkpoint_after_sigkill_equals_ddp(ddp_run, tmp_path):
     out = tmp_path / "killed"
-    crashed = torchrun(out, *COMMON, "--fsdp2", "--kill_after_save", "2", port=29643, check=False)
+    crashed = torchrun(out, *COMMON, "--fsdp2", "--kill_after_save", "2", port=free_port(), check=False)
     assert crashed.returncode != 0 and not (out / "final").exists()
-    torchrun(out, *COMMON, "--fsdp2", "--resume", port=29644)
+    torchrun(out, *COMMON, "--fsdp2", "--resume", port=free_port())
     final = load_file(out / "final" / "model.safetensors")
     assert max_difference(load_file(ddp_run / "final" / "model.safetensors"), final) <= TOLERANCE
     assert weights_difference(out / "weights-rank0.json", ddp_run / "weights-rank0.json", skip=2) <= TOLERANCE
 
 
 def test_learnable_weighting_under_fsdp2_is_refused_with_the_reason(tmp_path):
-    result = torchrun(tmp_path / "gradnorm", *COMMON, "--fsdp2", "--weighting", "gradnorm", port=29645, check=False)
+    result = torchrun(
+        tmp_path / "gradnorm", *COMMON, "--fsdp2", "--weighting", "gradnorm", port=free_port(), check=False
+    )
     assert result.returncode != 0
     assert "weighting='gradnorm' learns parameters that are not the model's" in result.stderr
     assert "DTensor" in result.stderr and "Train it with DDP" in result.stderr
@@ -115,7 +118,7 @@ def test_fsdp_config_on_cpu_runs_ddp_and_says_so(tmp_path):
     """The shipped fsdp2.yaml with use_cpu: Accelerate runs DDP; the trainer warns instead of pretending."""
     config = yaml.safe_load((CONFIGS / "fsdp2.yaml").read_text())
     assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
-    config.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=29646)
+    config.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=free_port())
     (tmp_path / "fsdp2_cpu.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "run"
@@ -147,11 +150,12 @@ def test_gpu_accelerate_fsdp2_config_equals_ddp(tmp_path):
     args = [*COMMON, "--gpu"]
     subprocess.run(
         [*launch, "--config_file", str(CONFIGS / "fsdp2.yaml"), "--mixed_precision", "no", "--main_process_port",
-         "29647", str(SCRIPT), "--out", str(tmp_path / "fsdp"), *args],
+         str(free_port()), str(SCRIPT), "--out", str(tmp_path / "fsdp"), *args],
         env=env, check=True,
     )  # fmt: skip
     subprocess.run(
-        [*launch, "--multi_gpu", "--main_process_port", "29648", str(SCRIPT), "--out", str(tmp_path / "ddp"), *args],
+        [*launch, "--multi_gpu", "--main_process_port", str(free_port()), str(SCRIPT), "--out", str(tmp_path / "ddp"),
+         *args],
         env=env,
         check=True,
     )

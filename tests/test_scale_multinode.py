@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from safetensors.torch import load_file
 
 from robust_pretrain.data import load_ewt_corpus
@@ -31,11 +31,6 @@ TINY = [
     "--logging_steps", "2", "--save_steps", "2", "--disable_tqdm", "true",
 ]  # fmt: skip
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

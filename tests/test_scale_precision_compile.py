@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 from safetensors.torch import load_file
 from test_trainer import make_args
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
@@ -93,8 +94,8 @@ def run_two_processes(out: Path, *args: str, port: int) -> None:
 
 def test_torch_compile_under_ddp_stays_within_the_recompile_limit_and_matches_eager(tmp_path):
     common = ["--num_examples", "64", "--batch_size", "2", "--max_steps", "16"]  # ~10 targets, a new count each step
-    run_two_processes(tmp_path / "compiled", *common, "--compile_backend", "eager", port=29681)
-    run_two_processes(tmp_path / "plain", *common, port=29682)
+    run_two_processes(tmp_path / "compiled", *common, "--compile_backend", "eager", port=free_port())
+    run_two_processes(tmp_path / "plain", *common, port=free_port())
     counts = [json.loads((tmp_path / "compiled" / f"run-rank{r}.json").read_text()) for r in (0, 1)]
     for info in counts:
         assert 0 < info["compiled_graphs"] <= torch._dynamo.config.recompile_limit

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from ports import free_port
 from safetensors.torch import load_file
 
 from robust_pretrain.cli import UsageError
@@ -27,11 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "pretrain_pos_mlm.py"
 MAX_STEPS = 30
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

