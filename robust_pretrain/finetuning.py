@@ -1,4 +1,4 @@
-"""What the fine-tuning recipes of every modality share: LoRA options and the output-directory rule.
+"""What the fine-tuning recipes of every modality share: LoRA options, the output-directory rule, train logging.
 
 Text (:mod:`robust_pretrain.glue.finetune`) and vision (:mod:`robust_pretrain.vision.finetune`) never import each
 other; both use these.
@@ -10,8 +10,12 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from robust_pretrain.cli import UsageError
+
+if TYPE_CHECKING:
+    from transformers import Trainer
 
 # What an earlier run leaves that must not survive beside a new model (the rest is overwritten file by file).
 STALE_OUTPUTS = ("checkpoint-*", "*.safetensors", "model.safetensors.index.json", "adapter_config.json", "*.bin")
@@ -48,3 +52,11 @@ def prepare_output_dir(
         for stale in path.glob(pattern):
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     path.mkdir(parents=True, exist_ok=True)
+
+
+def log_train_results(trainer: Trainer, train_result: Any, num_samples: int) -> None:
+    """Log and save the training metrics (with ``train_samples``) and the trainer state, as HF's example scripts do."""
+    metrics = {**train_result.metrics, "train_samples": num_samples}
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
 from .weighting import ALPHA_SCHEDULES, LOSS_NORMALIZATIONS, WEIGHTINGS, Weighting, accepted_options, build_weighting
+
+logger = logging.getLogger(__name__)
+
+
+def use_cpu_when_launched_without_accelerator(args: TrainingArguments) -> None:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1) on a machine without an accelerator, set ``use_cpu`` (gloo DDP).
+
+    Without it Transformers leaves every process outside the process group: each trains and writes its own copy of
+    the run into the same ``output_dir``. ``accelerate launch`` sets ``ACCELERATE_USE_CPU`` for this itself.
+    Call before ``TrainingArguments.__post_init__``.
+    """
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1 and not args.use_cpu and not torch.accelerator.is_available():
+        logger.info("%d processes and no accelerator: use_cpu=True (DDP over gloo)", processes)
+        args.use_cpu = True
+
 
 # Fields handed to the weighting strategy, with the value that means "not set by the user".
 _WEIGHTING_FIELDS = {
@@ -92,6 +111,7 @@ class MinimaxTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
         if not self.task_names:
             raise ValueError("task_names: give the names of the upstream tasks, e.g. ['verb', 'noun', ...]")

@@ -373,6 +373,20 @@ def test_two_processes_run_each_cell_once_and_resume(tmp_path: Path, shared_data
     assert cell_file.stat().st_mtime_ns == written  # reused by both processes
 
 
+def test_every_process_checks_the_prediction_files_after_the_main_process_wrote_them(tmp_path: Path) -> None:
+    """The main process writes a cell's prediction files; the others must not look for them before it has."""
+    worker = Path(__file__).with_name("suite_cell_worker.py")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*launch, str(worker), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0: score 100.0",
+        "rank 1: score 100.0",
+    ]
+    assert json.loads(next(tmp_path.glob("cells/*/late/seed0/cell.json")).read_text())["score"] == 100.0
+
+
 def test_checkpoint_spellings_and_label_collisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for run in ("a", "b"):
         (tmp_path / run / "final").mkdir(parents=True)

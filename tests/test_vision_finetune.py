@@ -245,6 +245,7 @@ def test_two_processes_train_and_evaluate_like_one(checkpoint: Path, tmp_path: P
     distributed = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
     check_outputs("depth", tmp_path / "ddp", distributed, downstream["id"], plotted_rows=4)
     assert distributed["eval_samples"] == 5 and distributed["train_samples"] == 8
+    assert distributed["epoch"] == 1.0  # 2 steps x 2 processes x 2 images: torchrun on CPU joined one DDP group
 
     single = run(["--model_name_or_path", str(tmp_path / "ddp"), "--output_dir", str(tmp_path / "one"),
                   "--do_train", "false", *common])  # fmt: skip

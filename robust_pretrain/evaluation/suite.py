@@ -166,6 +166,7 @@ def run_cell(
     state.wait_for_everyone()
     logger.info("Running cell %s: %s seed %d", checkpoint_label(checkpoint), task.name, seed)
     result = task.run(checkpoint=checkpoint, seed=seed, output_dir=cell_dir, options=options, save_model=save_model)
+    state.wait_for_everyone()  # the main process writes the prediction files; the others check them after it
     missing = [key for key in (task.primary_metric, *task.card_metrics) if key not in result.metrics]
     missing += [name for name in result.prediction_files if not (cell_dir / name).is_file()]
     if missing:

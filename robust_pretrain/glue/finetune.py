@@ -27,10 +27,11 @@ from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
-from robust_pretrain.finetuning import LoraArguments, prepare_output_dir
+from robust_pretrain.finetuning import LoraArguments, log_train_results, prepare_output_dir
 from robust_pretrain.glue.data import load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
+from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,10 @@ class GlueTrainingArguments(TrainingArguments):
     )
     do_train: bool = field(default=True, metadata={"help": "Fine-tune (disable to only evaluate the checkpoint)."})
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the task's dev split(s) after training."})
+
+    def __post_init__(self) -> None:
+        use_cpu_when_launched_without_accelerator(self)
+        super().__post_init__()
 
 
 # What an earlier run leaves besides the model (robust_pretrain.finetuning deletes weights and checkpoints).
@@ -255,10 +260,7 @@ def run_finetune(
         train_result = trainer.train()
         if save_model:
             trainer.save_model()
-        train_metrics = {**train_result.metrics, "train_samples": len(trainer.train_dataset)}
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
+        log_train_results(trainer, train_result, len(trainer.train_dataset))
 
     eval_metrics: dict[str, float] = {}
     if training_args.do_eval:

@@ -56,8 +56,9 @@ from transformers.trainer_utils import SaveStrategy, SchedulerType
 
 from robust_pretrain.cli import UsageError, check_checkpoint, looks_like_path, run_console
 from robust_pretrain.config import parse_with_config
-from robust_pretrain.finetuning import LoraArguments, prepare_output_dir
+from robust_pretrain.finetuning import LoraArguments, log_train_results, prepare_output_dir
 from robust_pretrain.seeding import SetEpochCallback
+from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 from robust_pretrain.vision.metrics import load_vision_metric
@@ -234,6 +235,7 @@ class DenseTrainingArguments(TrainingArguments):
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the evaluation split after training."})
 
     def __post_init__(self) -> None:
+        use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
         if not 0 < self.layer_decay <= 1:
             raise UsageError(f"--layer_decay must be in (0, 1], got {self.layer_decay}")
@@ -800,10 +802,7 @@ def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, d
             trainer.save_model()
             if trainer.is_world_process_zero():
                 processor.save_pretrained(output_dir)
-        train_metrics = {**train_result.metrics, "train_samples": len(data.train)}
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
+        log_train_results(trainer, train_result, len(data.train))
 
     eval_metrics: dict[str, float] = {}
     if training_args.do_eval:
