@@ -49,7 +49,8 @@ suite() {  # suite NAME EPOCHS
 suite suite 2
 suite suite-8ep 8
 
-"$PY" scripts/vision_evidence.py tables --compare "$COMPARE" \
+"$PY" scripts/evidence_tables.py --family dense --baseline average --compare "$COMPARE" \
+  --title "Vision evidence: average vs minimax MM-MAE pre-training on the generated scenes" \
   --suite "Downstream: dense suite, 2 fine-tuning epochs (primary)" "$OUT/suite" \
   --suite "Downstream, secondary check: 8 fine-tuning epochs" "$OUT/suite-8ep" \
   --timings "$OUT/timings.txt" --commands "$OUT/commands.txt" --protocol scripts/vision_evidence_protocol.md \

@@ -1,0 +1,244 @@
+"""Tables of an evidence run (``scripts/glue_evidence.sh``, ``scripts/vision_evidence.sh``): upstream and downstream.
+
+    python scripts/evidence_tables.py --title TITLE --family glue|dense --baseline STRATEGY --compare DIR \\
+        --suite TITLE DIR [--suite TITLE DIR ...] --timings FILE --commands FILE --protocol FILE --out PREFIX \\
+        [--notes FILE] [--cards DIR]
+
+Reads the comparison of pre-training objectives (``comparison.json`` and each run's ``task_report.json``; runs are
+``<compare>/<strategy>/seed-<seed>``) and each suite (``<family>_suite.json``) and writes ``PREFIX.md`` /
+``PREFIX.json``: the upstream table (per-task held-out loss, mean, worst; deltas against the baseline objective), the
+suites' own tables, and per objective the downstream scores pooled over pre-training seeds x fine-tuning seeds, with
+the delta of every objective against the baseline (in score points and in standard errors) and, as a noise
+yardstick, the spread between the pre-training seeds of one objective. Checkpoints of a suite that are not runs of
+the comparison (e.g. the untouched starting model) are shown as reference rows, outside the deltas.
+
+``--cards DIR`` also copies each comparison run's model card (``README.md``, with the suite's results merged in by
+``--update_model_cards``) to ``DIR/<strategy>-seed<seed>/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+
+def _mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def _standard_errors(baseline: list[float], other: list[float]) -> float:
+    """Difference of means over its standard error (Welch); inf for a non-zero difference without spread."""
+    error = (statistics.variance(baseline) / len(baseline) + statistics.variance(other) / len(other)) ** 0.5
+    difference = statistics.fmean(other) - statistics.fmean(baseline)
+    return difference / error if error else (0.0 if difference == 0 else float("inf") * difference)
+
+
+def comparison_runs(compare_dir: Path) -> dict[str, tuple[str, str]]:
+    """``{run directory: (strategy, seed)}`` of the comparison's runs."""
+    comparison = json.loads((compare_dir / "comparison.json").read_text())
+    return {str(compare_dir / run / f"seed-{seed}"): (run, str(seed))
+            for run in comparison["runs"] for seed in comparison["seeds"]}
+
+
+def upstream_table(compare_dir: Path) -> dict:
+    comparison = json.loads((compare_dir / "comparison.json").read_text())
+    per_seed = {}
+    for run in comparison["runs"]:
+        for seed in comparison["seeds"]:
+            report = json.loads((compare_dir / run / f"seed-{seed}" / "task_report.json").read_text())
+            per_seed.setdefault(run, {})[str(seed)] = {
+                "task_loss": report["eval_task_loss"], "mean": report["eval_mean_task_loss"],
+                "worst": report["eval_worst_task_loss"], "worst_task": report["worst_task"],
+            }
+    return {"runs": comparison["runs"], "per_seed": per_seed}
+
+
+def downstream_tables(suite: dict, runs: dict[str, tuple[str, str]], baseline: str) -> dict:
+    """Per objective: each task's scores pooled over (pre-training seed, fine-tuning seed), the average and worst task
+    of the pooled means, and per pre-training seed the task means (for the between-seed spread). Each objective's
+    delta against ``baseline`` comes with its size in standard errors (``delta / sqrt(s_b^2/n_b + s_o^2/n_o)`` over
+    the pooled runs; for the average, over each run's mean of the tasks)."""
+    tasks, pooled, references = suite["tasks"], {}, {}
+    for checkpoint, entry in suite["checkpoints"].items():
+        if checkpoint not in runs:
+            references[entry["label"]] = {
+                "tasks": {task: entry["tasks"][task]["mean"] for task in tasks}, "average": entry["average"],
+                "worst_task": entry["worst_task"], "worst_score": entry["worst_score"],
+            }
+            continue
+        strategy, seed = runs[checkpoint]
+        slot = pooled.setdefault(strategy, {"scores": {t: [] for t in tasks}, "run_averages": [],
+                                            "per_pretraining_seed": {}})
+        for task in tasks:
+            slot["scores"][task] += entry["tasks"][task]["scores"]
+        seeds = [entry["tasks"][task]["seeds"] for task in tasks]
+        if any(order != seeds[0] for order in seeds):
+            raise ValueError(f"{checkpoint}: tasks were run with different fine-tuning seeds {seeds}")
+        scores_per_run = zip(*(entry["tasks"][task]["scores"] for task in tasks), strict=True)
+        slot["run_averages"] += [statistics.fmean(scores) for scores in scores_per_run]
+        slot["per_pretraining_seed"][seed] = {
+            **{task: entry["tasks"][task]["mean"] for task in tasks},
+            "average": entry["average"], "worst_task": entry["worst_task"], "worst_score": entry["worst_score"],
+        }
+    if baseline not in pooled:
+        raise ValueError(f"--baseline {baseline!r} has no checkpoint in the suite; objectives: {sorted(pooled)}")
+    for slot in pooled.values():
+        slot["tasks"] = {task: _mean_std(scores) for task, scores in slot["scores"].items()}
+        means = {task: stat["mean"] for task, stat in slot["tasks"].items()}
+        slot["average"] = statistics.fmean(means.values())
+        slot["worst_task"] = min(means, key=means.__getitem__)
+        slot["worst_score"] = means[slot["worst_task"]]
+        seeds = slot["per_pretraining_seed"].values()
+        slot["average_over_pretraining_seeds"] = _mean_std([s["average"] for s in seeds])
+        slot["worst_over_pretraining_seeds"] = _mean_std([s["worst_score"] for s in seeds])
+    base = pooled[baseline]
+    deltas = {
+        strategy: {
+            "tasks": {t: other["tasks"][t]["mean"] - base["tasks"][t]["mean"] for t in tasks},
+            "average": other["average"] - base["average"],
+            "worst_score": other["worst_score"] - base["worst_score"],
+            "same_worst_task": other["worst_task"] == base["worst_task"],
+            "in_standard_errors": {
+                **{t: _standard_errors(base["scores"][t], other["scores"][t]) for t in tasks},
+                "average": _standard_errors(base["run_averages"], other["run_averages"]),
+            },
+        }
+        for strategy, other in pooled.items()
+        if strategy != baseline
+    }
+    return {"tasks": tasks, "baseline": baseline, "strategies": pooled, "deltas": deltas, "references": references}
+
+
+def _pm(stat: dict, digits: int) -> str:
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+
+
+def render_upstream(upstream: dict, baseline: str) -> list[str]:
+    tasks = list(next(iter(next(iter(upstream["per_seed"].values())).values()))["task_loss"])
+    runs = upstream["runs"]
+    lines = ["## Upstream: held-out task loss (lower is better; mean ± std over pre-training seeds)", "",
+             "| run | " + " | ".join(tasks) + " | mean | worst | worst task (per seed) |",
+             "|---" * (len(tasks) + 4) + "|"]
+    for run, stats in runs.items():
+        worst_tasks = ", ".join(f"{seed}: {r['worst_task']}" for seed, r in upstream["per_seed"][run].items())
+        lines.append(f"| {run} | " + " | ".join(_pm(stats["task_loss"][t], 4) for t in tasks)
+                     + f" | {_pm(stats['mean_task_loss'], 4)} | {_pm(stats['worst_task_loss'], 4)} | {worst_tasks} |")
+    base = runs[baseline]
+    for run, other in runs.items():
+        if run == baseline:
+            continue
+        pairs = [(base["task_loss"][t], other["task_loss"][t]) for t in tasks]
+        pairs += [(base[key], other[key]) for key in ("mean_task_loss", "worst_task_loss")]
+        lines.append(f"| **Δ {run} − {baseline}** | " + " | ".join(
+            f"{o['mean'] - b['mean']:+.4f} ({o['mean'] / b['mean'] - 1:+.1%})" for b, o in pairs) + " | |")
+    lines += ["", "Per pre-training seed:", "", "| run | seed | " + " | ".join(tasks) + " | mean | worst |",
+              "|---" * (len(tasks) + 4) + "|"]
+    for run in runs:
+        for seed, r in upstream["per_seed"][run].items():
+            lines.append(f"| {run} | {seed} | " + " | ".join(f"{r['task_loss'][t]:.4f}" for t in tasks)
+                         + f" | {r['mean']:.4f} | {r['worst']:.4f} |")
+    return lines
+
+
+def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) -> list[str]:
+    tasks, columns, baseline = downstream["tasks"], suite["columns"], downstream["baseline"]
+    headers = [columns[t]["header"] for t in tasks]
+    slots = downstream["strategies"].values()
+    runs = {len(scores) for slot in slots for scores in slot["scores"].values()}
+    pretraining_seeds = {len(slot["per_pretraining_seed"]) for slot in slots}
+    lines = [f"## {title} (x100, higher is better)", "",
+             f"Per objective, each task's score pooled over pre-training x fine-tuning seeds (mean ± std of "
+             f"{'/'.join(map(str, sorted(runs)))} runs); average and worst task of the pooled means; the last two "
+             f"columns: average and worst score per pre-training seed (mean ± std over the "
+             f"{'/'.join(map(str, sorted(pretraining_seeds)))} pre-training seeds, each the mean over fine-tuning "
+             "seeds).", "",
+             "| objective | " + " | ".join(headers) + " | average | worst task | average (per pt seed) | "
+             "worst (per pt seed) |", "|---" * (len(tasks) + 5) + "|"]
+    for strategy, slot in downstream["strategies"].items():
+        lines.append(
+            f"| {strategy} | " + " | ".join(_pm(slot["tasks"][t], 1) for t in tasks)
+            + f" | {slot['average']:.1f} | {slot['worst_score']:.1f} ({columns[slot['worst_task']]['display_name']})"
+            + f" | {_pm(slot['average_over_pretraining_seeds'], 1)} | {_pm(slot['worst_over_pretraining_seeds'], 1)} |"
+        )
+    for label, row in downstream["references"].items():
+        lines.append(f"| reference: {label} | " + " | ".join(f"{row['tasks'][t]:.1f}" for t in tasks)
+                     + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
+                     f"({columns[row['worst_task']]['display_name']}) | | |")
+    for strategy, delta in downstream["deltas"].items():
+        errors = delta["in_standard_errors"]
+        worst_task = downstream["strategies"][strategy]["worst_task"]
+        lines.append(f"| **Δ {strategy} − {baseline}** | " + " | ".join(f"{delta['tasks'][t]:+.1f}" for t in tasks)
+                     + f" | {delta['average']:+.1f} | {delta['worst_score']:+.1f} | | |")
+        lines.append("| Δ in standard errors | " + " | ".join(f"{errors[t]:+.1f}" for t in tasks)
+                     + f" | {errors['average']:+.1f} | "
+                     + (f"{errors[worst_task]:+.1f}" if delta["same_worst_task"] else "") + " | | |")
+    lines += ["", "Per pre-training seed (mean over fine-tuning seeds):", "",
+              "| objective | pt seed | " + " | ".join(headers) + " | average | worst task |",
+              "|---" * (len(tasks) + 4) + "|"]
+    for strategy, slot in downstream["strategies"].items():
+        for seed, row in slot["per_pretraining_seed"].items():
+            lines.append(f"| {strategy} | {seed} | " + " | ".join(f"{row[t]:.1f}" for t in tasks)
+                         + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
+                         f"({columns[row['worst_task']]['display_name']}) |")
+    lines += ["", f"The suite's own table (`{suite['family']}_suite.md`, one row per checkpoint):", "",
+              suite_md.strip(), ""]
+    return lines
+
+
+def write_tables(args: argparse.Namespace) -> None:
+    upstream = upstream_table(args.compare)
+    runs = comparison_runs(args.compare)
+    timings = {}
+    for line in args.timings.read_text().splitlines():
+        name, _, seconds = line.rpartition(" ")
+        timings[name] = float(seconds)
+    commands = args.commands.read_text().splitlines()
+    protocol = args.protocol.read_text()
+    notes = args.notes.read_text() if args.notes is not None and args.notes.is_file() else ""
+    lines = [f"# {args.title}", "", "## Commands", "", "```bash", *commands, "```", "",
+             "## Fine-tuning protocol (fixed before any result)", "", protocol.strip(), "", "## Wall times", ""]
+    lines += [f"- {name}: {seconds / 60:.1f} min ({seconds:.0f} s)" for name, seconds in timings.items()]
+    if notes.strip():
+        lines += ["", notes.strip()]
+    lines += ["", *render_upstream(upstream, args.baseline), ""]
+    downstream = {}
+    for title, directory in args.suite:
+        suite_dir = Path(directory)
+        suite = json.loads((suite_dir / f"{args.family}_suite.json").read_text())
+        suite["family"] = args.family
+        downstream[title] = {"suite_dir": str(suite_dir), **downstream_tables(suite, runs, args.baseline),
+                             "suite": suite}
+        suite_md = (suite_dir / f"{args.family}_suite.md").read_text()
+        lines += render_downstream(title, downstream[title], suite, suite_md)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"commands": commands, "protocol": protocol, "wall_seconds": timings, "notes": notes, "upstream": upstream,
+         "downstream": downstream}, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines))
+    if args.cards is not None:
+        for checkpoint, (strategy, seed) in runs.items():
+            target = args.cards / f"{strategy}-seed{seed}" / "README.md"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(checkpoint) / "README.md", target)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--title", required=True, help="the heading of the markdown file")
+    parser.add_argument("--family", required=True, choices=("glue", "dense"), help="the suites' task family")
+    parser.add_argument("--baseline", required=True, help="objective (comparison run name) the deltas are against")
+    for name in ("compare", "timings", "commands", "protocol", "out"):
+        parser.add_argument(f"--{name}", type=Path, required=True)
+    parser.add_argument("--suite", nargs=2, action="append", metavar=("TITLE", "DIR"), required=True,
+                        help="a suite directory and its section title; the primary result first")
+    parser.add_argument("--notes", type=Path, help="markdown appended to the wall times (e.g. where runs were reused)")
+    parser.add_argument("--cards", type=Path, help="copy each comparison run's model card into this folder")
+    write_tables(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
