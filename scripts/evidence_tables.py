@@ -12,17 +12,24 @@ the delta of every objective against the baseline (in score points and in standa
 yardstick, the spread between the pre-training seeds of one objective. Checkpoints of a suite that are not runs of
 the comparison (e.g. the untouched starting model) are shown as reference rows, outside the deltas.
 
-``--cards DIR`` also copies each comparison run's model card (``README.md``, with the suite's results merged in by
-``--update_model_cards``) to ``DIR/<strategy>-seed<seed>/README.md``.
+``--cards DIR --card_prefix NAME`` also writes each comparison run's model card, with the suite's results merged in by
+``--update_model_cards``, to ``DIR/<NAME>-<strategy>-seed<seed>/README.md``: titled by that name, ``--base_model``
+(the Hub id of the local checkpoint the runs continued from) in place of its folder name, and the commands that made
+it (``--model_path``, the local folder, spelled as ``--model_path_command``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import shutil
+import shlex
 import statistics
 from pathlib import Path
+
+from huggingface_hub import ModelCard
+
+from robust_pretrain.card import CARD_CONTENT_NAME, ModelCardContent, build_model_card
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:
@@ -221,9 +228,30 @@ def write_tables(args: argparse.Namespace) -> None:
     args.out.with_suffix(".md").write_text("\n".join(lines))
     if args.cards is not None:
         for checkpoint, (strategy, seed) in runs.items():
-            target = args.cards / f"{strategy}-seed{seed}" / "README.md"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(Path(checkpoint) / "README.md", target)
+            name = f"{args.card_prefix}-{strategy}-seed{seed}"
+            write_reference_card(Path(checkpoint), name, args, [c for c in commands if "--update_model_cards" in c])
+
+
+def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, suite_commands: list[str]) -> None:
+    """The run's card (metadata incl. merged suite results kept), titled ``name``, with the commands that made it."""
+    content = ModelCardContent.from_dict(json.loads((run_dir / CARD_CONTENT_NAME).read_text())["content"])
+    content = dataclasses.replace(content, base_model=args.base_model, local_base_model=None)
+    card = ModelCard.load(run_dir / "README.md")
+    card.data.model_name, card.data.base_model = name, args.base_model
+    options = json.loads((run_dir / "compare_settings.json").read_text())["options"]
+    pretraining = shlex.join(["python", "-m", "robust_pretrain.pretraining.pos_mlm", *options, "--output_dir",
+                              str(run_dir)])
+    commands = [command.replace(str(run_dir.parents[1]), "$RUNS") for command in [pretraining, *suite_commands]]
+    commands = [command.replace(args.model_path, args.model_path_command) for command in commands]
+    card.text = build_model_card(content, model_name=name, model_id=f"path/to/{name}").text + "\n".join([
+        "", "## How this checkpoint was made", "",
+        "Pre-training (one run of `scripts/glue_evidence.sh`, whose evidence tables are in "
+        "`benchmarks/results/glue_evidence.md`; `$RUNS` is its `pretraining` folder), then the GLUE suite that "
+        "merged the results above into this card:", "", "```bash", *commands, "```", "",
+    ])
+    target = args.cards / name / "README.md"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    card.save(target)
 
 
 def main() -> None:
@@ -236,7 +264,11 @@ def main() -> None:
     parser.add_argument("--suite", nargs=2, action="append", metavar=("TITLE", "DIR"), required=True,
                         help="a suite directory and its section title; the primary result first")
     parser.add_argument("--notes", type=Path, help="markdown appended to the wall times (e.g. where runs were reused)")
-    parser.add_argument("--cards", type=Path, help="copy each comparison run's model card into this folder")
+    parser.add_argument("--cards", type=Path, help="write each comparison run's model card into this folder")
+    parser.add_argument("--card_prefix", default="checkpoint", help="cards are named <prefix>-<strategy>-seed<seed>")
+    parser.add_argument("--base_model", help="Hub id of the checkpoint the runs continued from (for the cards)")
+    parser.add_argument("--model_path", default="\0", help="local folder of that checkpoint, as in the commands")
+    parser.add_argument("--model_path_command", default="", help="how the cards spell --model_path")
     write_tables(parser.parse_args())
 
 
