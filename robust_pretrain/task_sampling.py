@@ -13,8 +13,8 @@ follow the weights and the objective is the plain per-target mean. Three pieces,
   uninterrupted one.
 - ``TaskGroupedMLMCollator(..., mode="per_example", task_schedule=schedule)`` draws with the weights the schedule
   assigns to each batch.
-- :class:`TaskSamplingCallback` tells the schedule where each epoch starts, refuses ``DataLoader`` workers and logs
-  each step's sampling weights as ``task_sampling_weight/<task>`` (``task_weight/<task>`` are the objective's).
+- :class:`TaskSamplingCallback` tells the schedule where each epoch starts and logs each step's sampling weights as
+  ``task_sampling_weight/<task>`` (``task_weight/<task>`` are the objective's).
 
 Sampling weights exactly: at optimizer step ``s`` the trainer pools each task's mean training loss ``L_t`` over the
 step's first micro-batch and all processes (the whole step without gradient accumulation), for the tasks that batch
@@ -26,16 +26,15 @@ sequence can only get a task it contains, so a task's share of the draws is at m
 it (rare tasks such as interjections get less than their weight); among the tasks of a sequence the draw follows the
 weights exactly.
 
-Lag rule: the batches of optimizer step ``s`` (1-based) are drawn with the sampling weights recorded at step
-``s - 2`` (the initial weights, uniform unless published otherwise, for ``s <= 2``). The Trainer fetches the first
-micro-batch of step ``s`` while step ``s - 1`` is still running (Accelerate's data loader reads one batch ahead), so
-``s - 2`` is the newest step whose weights exist whenever that batch is collated. The rule keys the weights by step,
-not by time, so the draws are the same with any number of processes, on resume, and with any
-``gradient_accumulation_steps``. It needs to know which step a batch belongs to: the collator counts the training
-batches it collates in the main process, so ``dataloader_num_workers`` must be 0 (workers collate ahead by a
-timing-dependent amount and in other processes) and the collator must collate only training batches (held-out data
-masked in advance, as the recipe does). Map-style datasets only (with an iterable dataset Accelerate may let one
-process collate for all).
+Lag rule: the batches of optimizer step ``s`` (1-based) are drawn with the sampling weights recorded at step ``s - 2``
+(the initial weights, uniform unless published otherwise, for ``s <= 2``). The Trainer fetches the first micro-batch
+of step ``s`` while step ``s - 1`` is still running (Accelerate's data loader reads one batch ahead), so ``s - 2`` is
+the newest step whose weights exist whenever that batch is collated. The rule keys the weights by step, not by time,
+so the draws are the same with any number of processes, on resume, and with any ``gradient_accumulation_steps``, and
+the same in ``DataLoader`` workers as in the main process. It needs to know which step a batch belongs to: the
+collator counts the training batches it collates (a worker: its share of them, in turn with the others), so it must
+collate only training batches (held-out data masked in advance, as the recipe does). Map-style datasets only (with an
+iterable dataset Accelerate may let one process collate for all).
 
 Usage (the PoS recipe: ``--masking per_example --task_sampling weights --weighting minimax``)::
 
@@ -48,6 +47,7 @@ Usage (the PoS recipe: ``--masking per_example --task_sampling weights --weighti
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -65,52 +65,80 @@ class TaskSamplingSchedule:
     ``publish(step, weights)`` records the weights of a step (step 0: before training; uniform by default);
     :meth:`start_epoch` says which step the next batch belongs to; :meth:`next_batch_weights` returns the weights of
     the next batch by the lag rule (module docstring) and counts the batch.
+
+    The recent steps' weights and the epoch's start live in shared memory, so ``DataLoader`` worker processes (forked
+    or spawned, persistent or not) read what the main process publishes: worker ``i`` of ``W`` collates the epoch's
+    batches ``i, i + W, i + 2W, ...`` (map-style datasets hand batches to workers in turn) and waits, if it runs ahead,
+    until the weights its batch needs are published.
     """
+
+    #: seconds a DataLoader worker waits for the weights of a step before it gives up
+    worker_timeout: float = 600.0
 
     def __init__(self, num_tasks: int, accumulation_steps: int = 1) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         self.num_tasks = num_tasks
-        self.history: dict[int, torch.Tensor] = {0: torch.full((num_tasks,), 1.0 / num_tasks, dtype=torch.float64)}
+        slots = SAMPLING_LAG + 2  # a batch needs step s - LAG while steps up to s - 1 can be published
+        self._steps = torch.full((slots,), -1, dtype=torch.int64).share_memory_()
+        self._weights = torch.zeros(slots, num_tasks, dtype=torch.float64).share_memory_()
+        self._epoch = torch.zeros(3, dtype=torch.int64).share_memory_()  # epoch counter, first step, accumulation
+        self._local_epoch, self._local_batches = -1, 0  # per process: batches collated by it in this epoch
+        self.publish(0, torch.full((num_tasks,), 1.0 / num_tasks, dtype=torch.float64))
         self.start_epoch(1, accumulation_steps)
+
+    @property
+    def history(self) -> dict[int, torch.Tensor]:
+        """The weights of the recent published steps, by step."""
+        return {int(step): self._weights[slot].clone() for slot, step in enumerate(self._steps.tolist()) if step >= 0}
 
     def publish(self, step: int, weights: torch.Tensor | list[float]) -> None:
         weights = torch.as_tensor(weights, dtype=torch.float64).cpu()
         if weights.shape != (self.num_tasks,) or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise ValueError(f"sampling weights must be {self.num_tasks} finite values >= 0, got {weights.tolist()}")
-        self.history[step] = weights
-        for old in [s for s in self.history if s < step - SAMPLING_LAG]:
-            del self.history[old]
+        slot = step % len(self._steps)
+        self._steps[slot] = -1  # readers never see a half-written row
+        self._weights[slot] = weights
+        self._steps[slot] = step
 
     def start_epoch(self, next_step: int, accumulation_steps: int) -> None:
         """The next batch collated is the first micro-batch of optimizer step ``next_step``."""
         if next_step < 1 or accumulation_steps < 1:
             raise ValueError(f"next_step and accumulation_steps must be >= 1, got {next_step}, {accumulation_steps}")
-        self.next_step, self.accumulation_steps, self.batches_in_epoch = next_step, accumulation_steps, 0
+        self._epoch[1], self._epoch[2] = next_step, accumulation_steps
+        self._epoch[0] += 1
 
     def next_batch_weights(self) -> tuple[int, torch.Tensor]:
         """``(step, weights)`` for the next training batch: the weights recorded at ``step - SAMPLING_LAG``."""
-        if torch.utils.data.get_worker_info() is not None:
-            raise RuntimeError(
-                "task-weighted sampling draws in the main process, which knows the optimizer step of each batch: "
-                "set dataloader_num_workers=0 (DataLoader workers collate ahead by a timing-dependent amount)"
-            )
-        step = self.next_step + self.batches_in_epoch // self.accumulation_steps
+        epoch, next_step, accumulation_steps = self._epoch.tolist()
+        if epoch != self._local_epoch:
+            self._local_epoch, self._local_batches = epoch, 0
+        worker = torch.utils.data.get_worker_info()
+        worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        batch_index = self._local_batches * num_workers + worker_id
+        step = next_step + batch_index // accumulation_steps
         source = max(0, step - SAMPLING_LAG)
-        if source not in self.history:
-            raise RuntimeError(
-                f"the sampling weights of optimizer step {source} (needed by step {step}) were not published; "
-                f"known steps: {sorted(self.history)}. Is the collator used for other batches than training ones, "
-                "or did the run skip TaskSamplingCallback?"
-            )
-        self.batches_in_epoch += 1
-        return step, self.history[source]
+        slot = source % len(self._steps)
+        deadline = time.monotonic() + (self.worker_timeout if worker is not None else 0.0)
+        while (published := int(self._steps[slot])) != source:
+            if published > source or time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"the sampling weights of optimizer step {source} (needed by step {step}) were not published; "
+                    f"known steps: {sorted(self.history)}. Is the collator used for other batches than training "
+                    "ones, or did the run skip TaskSamplingCallback?"
+                )
+            time.sleep(0.001)  # a worker ahead of training: the main process publishes the step soon
+        weights = self._weights[slot].clone()
+        if int(self._steps[slot]) != source:  # overwritten while read (cannot happen by the lag rule): refuse
+            raise RuntimeError(f"the sampling weights of optimizer step {source} changed while they were read")
+        self._local_batches += 1
+        return step, weights
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": {str(step): weights.tolist() for step, weights in self.history.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.history = {}
+        self._steps.fill_(-1)
         for step, weights in sorted((int(s), w) for s, w in state["history"].items()):
             self.publish(step, weights)
 
@@ -162,20 +190,12 @@ class TaskSamplingWeighting(ProportionalWeighting):
 
 
 class TaskSamplingCallback(TrainerCallback):
-    """Before each epoch's batches: the next batch is the first micro-batch of step ``global_step + 1``.
-
-    Refuses ``dataloader_num_workers > 0`` (see the lag rule in the module docstring).
-    """
+    """Before each epoch's batches: the next batch is the first micro-batch of step ``global_step + 1``."""
 
     def __init__(self, schedule: TaskSamplingSchedule) -> None:
         self.schedule = schedule
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if args.dataloader_num_workers > 0:
-            raise ValueError(
-                f"dataloader_num_workers={args.dataloader_num_workers}: task-weighted sampling draws each batch's "
-                "tasks in the main process, where the optimizer step of the batch is known; set it to 0"
-            )
         loader = kwargs.get("train_dataloader")
         if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
             raise ValueError("task-weighted sampling needs a map-style training dataset, not an iterable one")

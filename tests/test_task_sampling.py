@@ -1,5 +1,5 @@
 """Task-weighted sampling: drawn task frequencies follow the weights, the lag rule, the plain-mean objective with the
-strategy's weights for sampling, agreement of 2 gloo processes, refusal of DataLoader workers.
+strategy's weights for sampling, agreement of 2 gloo processes and of DataLoader workers with the main process.
 
 Run as a script (under torchrun) it is the 2-process training job of the rank test.
 """
@@ -178,13 +178,16 @@ class RecordingSchedule(TaskSamplingSchedule):
         return step, weights
 
 
-def train_with_sampling(output_dir: str, batch_size: int, accumulation: int, max_steps: int, workers: int = 0):
+def train_with_sampling(
+    output_dir: str, batch_size: int, accumulation: int, max_steps: int, workers: int = 0, persistent_workers=False
+):
     """MinimaxTrainer, minimax (alpha 1) sampling weights, plain-mean objective; the trainer and the schedule."""
     tokenizer = _tokenizer()
     args = MinimaxTrainingArguments(
         output_dir=output_dir, task_names=TASK_NAMES, weighting="minimax", per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=accumulation, max_steps=max_steps, learning_rate=1e-2, logging_steps=1,
         save_strategy="no", report_to=[], use_cpu=True, seed=3, disable_tqdm=True, dataloader_num_workers=workers,
+        dataloader_persistent_workers=persistent_workers and workers > 0,
     )
     schedule = RecordingSchedule(NUM_TASKS)
     collator = RecordingCollator(tokenizer, mode="per_example", mlm_probability=0.3,
@@ -231,14 +234,37 @@ def test_trainer_samples_with_minimax_weights_and_minimises_the_plain_mean(tmp_p
         assert weights == (schedule.published[step - 2] if step > 2 else _uniform())
 
 
-def test_dataloader_workers_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="dataloader_num_workers=1: task-weighted sampling"):
-        train_with_sampling(str(tmp_path), batch_size=8, accumulation=1, max_steps=1, workers=1)
+@pytest.mark.parametrize(("workers", "persistent"), [((0, 2), False), ((1, 2), True)])
+def test_dataloader_workers_draw_as_the_main_process(tmp_path, workers, persistent):
+    """Workers (collating ahead, in turn, over 3 epochs with accumulation 2) give the run of 0 workers exactly.
+    Persistent workers are compared with 1 persistent worker: PyTorch draws a new base seed from the global RNG for
+    each epoch's iterator except with persistent workers, so the Trainer's shuffling differs from 0 workers there."""
+    runs = [
+        train_with_sampling(str(tmp_path / str(count)), batch_size=8, accumulation=2, max_steps=12,
+                            workers=count, persistent_workers=persistent)[0]
+        for count in workers
+    ]  # fmt: skip
+    logs = [[entry for entry in trainer.state.log_history if "loss" in entry] for trainer in runs]
+    assert len(logs[0]) == 12 and runs[0].state.epoch == 3
+    assert logs[0][5]["task_sampling_weight/noun"] != logs[0][0]["task_sampling_weight/noun"]
+    for main, worker in zip(*logs, strict=True):
+        assert {k: v for k, v in main.items() if k != "grad_norm"} == {
+            k: v for k, v in worker.items() if k != "grad_norm"
+        }
+    for (name, main), worker in zip(runs[0].model.named_parameters(), runs[1].model.parameters(), strict=True):
+        assert torch.equal(main, worker), name
+
+
+def test_a_worker_ahead_of_training_waits_for_the_weights_it_needs():
     schedule = TaskSamplingSchedule(NUM_TASKS)
+    schedule.worker_timeout = 0.5
     collator = TaskGroupedMLMCollator(_tokenizer(), mode="per_example", seed=0, task_schedule=schedule)
-    loader = torch.utils.data.DataLoader(_training_rows(4), batch_size=2, collate_fn=collator, num_workers=1)
-    with pytest.raises(RuntimeError, match="set dataloader_num_workers=0"):
-        next(iter(loader))
+    loader = torch.utils.data.DataLoader(_training_rows(16), batch_size=2, collate_fn=collator, num_workers=1)
+    batches = iter(loader)
+    for _ in range(2):  # steps 1 and 2 use the initial weights
+        next(batches)
+    with pytest.raises(RuntimeError, match="sampling weights of optimizer step 1 \\(needed by step 3\\)"):
+        next(batches)  # nobody publishes step 1: the worker gives up after worker_timeout
 
 
 def test_iterable_training_data_is_refused(tmp_path):
@@ -255,7 +281,8 @@ def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     result = subprocess.run([*launch, __file__, str(tmp_path)], env=env, timeout=300, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert ranks[0]["published"] == ranks[1]["published"] and len(ranks[0]["published"]) == 4
+    assert ranks[0]["published"] == ranks[1]["published"] and sorted(ranks[0]["published"]) == ["0", "1", "2", "3", "4"]
+    assert ranks[0]["published"]["0"] == _uniform()
     assert ranks[0]["published"]["3"] != _uniform()
     assert ranks[0]["batches"] == ranks[1]["batches"]
     steps = [step for step, _ in ranks[0]["batches"]]
@@ -268,8 +295,6 @@ def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     ("options", "message"),
     [
         (["--task_sampling", "weights"], "--task_sampling weights draws one task per sequence: it needs --masking"),
-        (["--masking", "per_example", "--task_sampling", "weights", "--dataloader_num_workers", "1"],
-         "use --dataloader_num_workers 0, not 1"),
         (["--masking", "per_example", "--task_sampling", "weights", "--weighting", "uncertainty"],
          "--task_sampling weights with --weighting uncertainty: UncertaintyWeighting cannot drive task sampling"),
     ],

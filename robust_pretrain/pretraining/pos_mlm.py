@@ -168,7 +168,7 @@ class DataArguments:
             "help": "With --masking per_example: 'uniform' balances the tasks over each batch; 'weights' draws each "
             "sequence's task in proportion to the --weighting strategy's current task weights (computed from the "
             "training losses; batches of step s use the weights of step s-2) and minimises the plain mean over the "
-            "drawn targets (robust_pretrain.task_sampling). 'weights' needs --dataloader_num_workers 0.",
+            "drawn targets (robust_pretrain.task_sampling).",
             "choices": ["uniform", "weights"],
         },
     )
@@ -552,11 +552,6 @@ def run(argv: list[str]) -> dict:
         check_streaming(model_args, data_args, training_args)
     schedule, weighting, callbacks = None, None, []
     if data_args.task_sampling == "weights":
-        if training_args.dataloader_num_workers > 0:
-            raise UsageError(
-                f"--task_sampling weights draws each batch's tasks in the main process (where its optimizer step is "
-                f"known): use --dataloader_num_workers 0, not {training_args.dataloader_num_workers}"
-            )
         schedule = TaskSamplingSchedule(spec.num_tasks)
         try:
             weighting = TaskSamplingWeighting(training_args.build_weighting(), schedule)
