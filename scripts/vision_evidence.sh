@@ -14,20 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-outputs/vision-evidence}
 COMPARE=${COMPARE:-outputs/vision-compare}
 PY=${PY:-.venv/bin/python}
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1  # one intra-op thread: two on a loaded 2-core machine ran ~15x slower
-mkdir -p "$OUT"
-: > "$OUT/timings.txt"
-: > "$OUT/commands.txt"
-
-run() {  # run NAME COMMAND...: run, log to $OUT/NAME.log, record the command and its wall time
-  local name=$1 start
-  shift
-  echo "$*" >> "$OUT/commands.txt"
-  echo "+ $*"
-  start=$(date +%s)
-  "$@" > "$OUT/$name.log" 2>&1
-  echo "$name $(( $(date +%s) - start ))" >> "$OUT/timings.txt"
-}
+source scripts/evidence_common.sh
 
 run pretraining "$PY" recipes/compare_weightings.py --config recipes/configs/vision_demo.yaml \
   --strategies average minimax --seeds 42 43 --output_dir "$COMPARE" -- --disable_tqdm true
