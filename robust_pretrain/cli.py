@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import is_offline_mode, try_to_load_from_cache
+
 TRACEBACK_FLAG = "--traceback"
 TRACEBACK_ENV = "ROBUST_PRETRAIN_TRACEBACK"
 USAGE_ERROR_STATUS = 2
@@ -56,16 +58,28 @@ def looks_like_path(name: str) -> bool:
     return _HUB_ID.fullmatch(name) is None or "--" in name or ".." in name
 
 
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hub cache holds a model, adapter or tokenizer configuration of ``repo_id``."""
+    files = ("config.json", "adapter_config.json", "tokenizer_config.json")
+    return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in files)
+
+
 def check_checkpoint(name: str | None, option: str = "--model_name_or_path", *, model: bool = True) -> None:
     """Refuse at once, naming ``option``, a checkpoint that cannot load: a path-like name that does not exist (it
     would otherwise be tried on the Hub), or a local folder without ``config.json`` (``model=False``: a tokenizer
-    folder, which needs none) or with a truncated or corrupt ``*.safetensors`` file. Hub ids pass unchecked."""
+    folder, which needs none) or with a truncated or corrupt ``*.safetensors`` file. Hub ids pass unchecked, except in
+    offline mode, where one that is not in the Hub cache cannot load."""
     if name is None:
         return
     path = Path(name).expanduser()
     if not path.exists():
         if looks_like_path(name):
             raise UsageError(f"{option} {name}: no such checkpoint directory")
+        if is_offline_mode() and not _in_hub_cache(name):
+            raise UsageError(
+                f"{option} {name}: no such local directory, and not in the Hub cache, the only place offline mode "
+                "(HF_HUB_OFFLINE=1) can load a Hub id from"
+            )
         return
     if not path.is_dir():
         raise UsageError(f"{option} {name} is a file; give the checkpoint's directory")

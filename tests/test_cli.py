@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 from test_recipe_pretrain import (  # noqa: F401  (_one_thread: fixture)
     DEMO_CONFIG,
@@ -166,8 +167,23 @@ def test_looks_like_path_by_existing_folder(tmp_path: Path, monkeypatch) -> None
     assert looks_like_path("outputs/nope")
     with pytest.raises(UsageError, match="--model_name_or_path outputs/nope: no such checkpoint directory"):
         check_checkpoint("outputs/nope")
-    check_checkpoint("some-user/some-model")  # a Hub id: left to the Hub client
     check_checkpoint(str(MINILM))  # a complete local model
+
+
+def test_hub_ids_offline_must_be_in_the_cache(tmp_path: Path, monkeypatch) -> None:
+    """Online a Hub id is left to the Hub client; offline (as in these tests) only a cached one can load."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(UsageError, match="--model_name_or_path some-user/some-model: no such local directory, and "
+                                         "not in the Hub cache"):  # fmt: skip
+        check_checkpoint("some-user/some-model")
+    snapshot = tmp_path / "models--some-user--some-model" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--some-user--some-model" / "refs").mkdir()
+    (tmp_path / "models--some-user--some-model" / "refs" / "main").write_text("abc123")
+    check_checkpoint("some-user/some-model")
+    monkeypatch.setattr("robust_pretrain.cli.is_offline_mode", lambda: False)
+    check_checkpoint("other-user/other-model")
 
 
 def test_recipe_script_exit_status(tmp_path: Path) -> None:
