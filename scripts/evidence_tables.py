@@ -10,7 +10,8 @@ Reads the comparison of pre-training objectives (``comparison.json`` and each ru
 suites' own tables, and per objective the downstream scores pooled over pre-training seeds x fine-tuning seeds, with
 the delta of every objective against the baseline (in score points and in standard errors) and, as a noise
 yardstick, the spread between the pre-training seeds of one objective. Checkpoints of a suite that are not runs of
-the comparison (e.g. the untouched starting model) are shown as reference rows, outside the deltas.
+the comparison (e.g. the untouched starting model) are shown as reference rows (``--label`` names them), outside
+the deltas.
 
 ``--cards DIR --card_prefix NAME`` also writes each comparison run's model card, with the suite's results merged in by
 ``--update_model_cards``, to ``DIR/<NAME>-<strategy>-seed<seed>/README.md``: titled by that name, ``--base_model``
@@ -64,15 +65,17 @@ def upstream_table(compare_dir: Path) -> dict:
     return {"runs": comparison["runs"], "per_seed": per_seed}
 
 
-def downstream_tables(suite: dict, runs: dict[str, tuple[str, str]], baseline: str) -> dict:
+def downstream_tables(
+    suite: dict, runs: dict[str, tuple[str, str]], baseline: str, labels: dict[str, str] | None = None
+) -> dict:
     """Per objective: each task's scores pooled over (pre-training seed, fine-tuning seed), the average and worst task
     of the pooled means, and per pre-training seed the task means (for the between-seed spread). Each objective's
     delta against ``baseline`` comes with its size in standard errors (``delta / sqrt(s_b^2/n_b + s_o^2/n_o)`` over
     the pooled runs; for the average, over each run's mean of the tasks)."""
-    tasks, pooled, references = suite["tasks"], {}, {}
+    tasks, pooled, references, labels = suite["tasks"], {}, {}, labels or {}
     for checkpoint, entry in suite["checkpoints"].items():
         if checkpoint not in runs:
-            references[entry["label"]] = {
+            references[labels.get(checkpoint, entry["label"])] = {
                 "tasks": {task: entry["tasks"][task]["mean"] for task in tasks}, "average": entry["average"],
                 "worst_task": entry["worst_task"], "worst_score": entry["worst_score"],
             }
@@ -217,8 +220,8 @@ def write_tables(args: argparse.Namespace) -> None:
         suite_dir = Path(directory)
         suite = json.loads((suite_dir / f"{args.family}_suite.json").read_text())
         suite["family"] = args.family
-        downstream[title] = {"suite_dir": str(suite_dir), **downstream_tables(suite, runs, args.baseline),
-                             "suite": suite}
+        tables = downstream_tables(suite, runs, args.baseline, dict(args.label or []))
+        downstream[title] = {"suite_dir": str(suite_dir), **tables, "suite": suite}
         suite_md = (suite_dir / f"{args.family}_suite.md").read_text()
         lines += render_downstream(title, downstream[title], suite, suite_md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -241,13 +244,15 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
     options = json.loads((run_dir / "compare_settings.json").read_text())["options"]
     pretraining = shlex.join(["python", "-m", "robust_pretrain.pretraining.pos_mlm", *options, "--output_dir",
                               str(run_dir)])
-    commands = [command.replace(str(run_dir.parents[1]), "$RUNS") for command in [pretraining, *suite_commands]]
-    commands = [command.replace(args.model_path, args.model_path_command) for command in commands]
+    commands = []
+    for command in (pretraining, *suite_commands):
+        command = command.replace(str(run_dir.parents[1]), "$OUT/pretraining").replace(str(run_dir.parents[2]), "$OUT")
+        commands.append(command.replace(args.model_path, args.model_path_command))
     card.text = build_model_card(content, model_name=name, model_id=f"path/to/{name}").text + "\n".join([
-        "", "## How this checkpoint was made", "",
-        "Pre-training (one run of `scripts/glue_evidence.sh`, whose evidence tables are in "
-        "`benchmarks/results/glue_evidence.md`; `$RUNS` is its `pretraining` folder), then the GLUE suite that "
-        "merged the results above into this card:", "", "```bash", *commands, "```", "",
+        "", "", "## How this checkpoint was made", "",
+        f"Pre-training, then the GLUE suite that merged the results above into this card: one run of `{args.script}` "
+        f"(`$OUT` is its output folder; evidence tables: `{args.out.with_suffix('.md')}`):", "",
+        "```bash", *commands, "```", "",
     ])
     target = args.cards / name / "README.md"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -264,6 +269,9 @@ def main() -> None:
     parser.add_argument("--suite", nargs=2, action="append", metavar=("TITLE", "DIR"), required=True,
                         help="a suite directory and its section title; the primary result first")
     parser.add_argument("--notes", type=Path, help="markdown appended to the wall times (e.g. where runs were reused)")
+    parser.add_argument("--label", nargs=2, action="append", metavar=("CHECKPOINT", "LABEL"),
+                        help="the row label of a reference checkpoint (one that is not a run of the comparison)")
+    parser.add_argument("--script", default="scripts/glue_evidence.sh", help="the evidence script, named in cards")
     parser.add_argument("--cards", type=Path, help="write each comparison run's model card into this folder")
     parser.add_argument("--card_prefix", default="checkpoint", help="cards are named <prefix>-<strategy>-seed<seed>")
     parser.add_argument("--base_model", help="Hub id of the checkpoint the runs continued from (for the cards)")

@@ -60,6 +60,7 @@ suite glue "42 43" "${CHECKPOINTS[@]}" "$MINILM"
 "$PY" scripts/evidence_tables.py --family glue --baseline proportional --compare "$COMPARE" \
   --title "GLUE evidence: continued pre-training of all-MiniLM-L6-v2 with four objectives" \
   --suite "Downstream: GLUE suite (CoLA, SST-2, MRPC, STS-B, RTE)" "$OUT/glue" \
+  --label "$MINILM" "all-MiniLM-L6-v2, no continued pre-training" \
   --timings "$OUT/timings.txt" --commands "$OUT/commands.txt" --protocol scripts/glue_evidence_protocol.md \
   ${NOTES:+--notes "$NOTES"} --out benchmarks/results/glue_evidence --cards model_cards/glue-evidence \
   --card_prefix all-MiniLM-L6-v2-ewt --base_model sentence-transformers/all-MiniLM-L6-v2 \
