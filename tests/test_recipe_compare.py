@@ -100,7 +100,7 @@ def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[l
 
     saved = json.loads((out / "comparison.json").read_text())
     assert saved == json.loads(json.dumps(result))
-    assert saved["seeds"] == [1, 2] and saved["sweep"] == "alpha=0.5,4" and saved["overrides"][:2] == OVERRIDES[:2]
+    assert saved["seeds"] == [1, 2] and saved["sweeps"] == ["alpha=0.5,4"] and saved["overrides"][:2] == OVERRIDES[:2]
     markdown = (out / "comparison.md").read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
             for line in markdown.splitlines() if line.startswith("| ")}  # fmt: skip
@@ -227,3 +227,15 @@ def test_changed_settings_are_not_reused(tmp_path: Path, recipe_calls: list[list
     with pytest.raises(UsageError, match="train_file_sha256"):
         compare_with("--max_steps", "2")
     assert len(recipe_calls) == 3
+
+
+def test_several_sweeps_one_setting_at_a_time() -> None:
+    runs = compare.plan_runs(["proportional", "minimax"], ["alpha=0.5,1", "weight_floor=0.5"])
+    assert runs == [
+        ("proportional", "proportional", {}),
+        ("minimax-alpha=0.5", "minimax", {"alpha": "0.5"}),
+        ("minimax-alpha=1", "minimax", {"alpha": "1"}),
+        ("minimax-weight_floor=0.5", "minimax", {"weight_floor": "0.5"}),
+    ]
+    with pytest.raises(ValueError, match="--sweep 'dwa_window' is a setting of none of the strategies"):
+        compare.plan_runs(["minimax"], ["alpha=1", "dwa_window=5"])

@@ -9,8 +9,8 @@ for image modalities; ``--recipe``, by default the one whose options the ``--con
 ``<output_dir>/<run>/seed-<seed>``; a finished run made with the same settings (options, config file, data files) is
 reused and named as such, one with other settings is re-run (extended if only ``max_steps`` grew, else refused).
 Options after ``--`` go to every run. Writes ``comparison.json``, ``comparison.md``, ``comparison_tasks.png``
-(per-task loss, mean and worst case, with the spread across seeds) and, with ``--sweep``, ``frontier.png`` (worst-case
-against mean loss for every run: the trade-off frontier).
+(per-task loss, mean and worst case, with the spread across seeds) and, with ``--sweep`` (repeatable: one setting
+at a time), ``frontier.png`` (worst-case against mean loss for every run: the trade-off frontier).
 """
 
 from __future__ import annotations
@@ -46,23 +46,26 @@ def parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
     return name, swept
 
 
-def plan_runs(strategies: list[str], sweep: str | None) -> list[tuple[str, str, dict[str, str]]]:
-    """(run name, strategy, extra options); the sweep applies to the strategies that take the setting."""
-    name, values = parse_sweep(sweep)
+def plan_runs(strategies: list[str], sweeps: list[str] | None) -> list[tuple[str, str, dict[str, str]]]:
+    """(run name, strategy, extra options); each sweep applies to the strategies that take its setting (a strategy
+    several sweeps apply to runs each of them, one setting at a time)."""
+    parsed = [parse_sweep(sweep) for sweep in sweeps or []]
     runs = []
     for strategy in strategies:
         if strategy not in WEIGHTINGS:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {sorted(WEIGHTINGS)}")
-        if name is not None and name in accepted_options(strategy):
+        swept = [(name, values) for name, values in parsed if name in accepted_options(strategy)]
+        for name, values in swept:
             runs += [(f"{strategy}-{name}={value}", strategy, {name: value}) for value in values]
-        else:
+        if not swept:
             runs.append((strategy, strategy, {}))
-    if name is not None and not any(options for _, _, options in runs):
-        takers = sorted(s for s in WEIGHTINGS if name in accepted_options(s))
-        raise ValueError(
-            f"--sweep {name!r} is a setting of none of the strategies {strategies}"
-            + (f"; it applies to {takers}" if takers else "")
-        )
+    for name, _ in parsed:
+        if not any(name in options for _, _, options in runs):
+            takers = sorted(s for s in WEIGHTINGS if name in accepted_options(s))
+            raise ValueError(
+                f"--sweep {name!r} is a setting of none of the strategies {strategies}"
+                + (f"; it applies to {takers}" if takers else "")
+            )
     return runs
 
 
@@ -229,7 +232,9 @@ def run(argv: list[str]) -> dict:
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="seeds; each strategy runs with each")
     parser.add_argument(
-        "--sweep", help="one setting over values, e.g. alpha=0.5,1,2 or loss_normalization=raw,relative"
+        "--sweep",
+        action="append",
+        help="a setting over values, e.g. alpha=0.5,1,2 or loss_normalization=raw,relative (repeat for several)",
     )
     parser.add_argument("--output_dir", required=True, help="where runs and the comparison are written")
     parser.add_argument(
@@ -259,14 +264,14 @@ def run(argv: list[str]) -> dict:
     result = {
         "strategies": cli.strategies,
         "seeds": cli.seeds,
-        "sweep": cli.sweep,
+        "sweeps": cli.sweep or [],
         "overrides": overrides,
         "runs": table,
     }
     (output_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
     baseline = cli.baseline or ("proportional" if "proportional" in cli.strategies else cli.strategies[0])
     (output_dir / "comparison.md").write_text(markdown(table, baseline))
-    plot(table, reports, output_dir, frontier=cli.sweep is not None)
+    plot(table, reports, output_dir, frontier=bool(cli.sweep))
     print(markdown(table, baseline))
     return result
 
