@@ -123,6 +123,8 @@ class LocalHubServer:
         self._repos: dict[tuple[str, str], _Repo] = {}
         self._blobs: dict[str, bytes] = {}
         self._lock = threading.Lock()
+        self._admitted = 0  # requests let through, counted on arrival (answers are recorded after they are sent)
+        self._admission_lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._timer: threading.Timer | None = None
         self._nonce = uuid.uuid4().hex
@@ -272,7 +274,10 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         self.query = parse_qs(url.query)
         self.segments = [unquote(s) for s in url.path.strip("/").split("/")] if url.path.strip("/") else []
-        if hub.request_count >= hub.max_requests:
+        with hub._admission_lock:
+            over_budget = hub._admitted >= hub.max_requests
+            hub._admitted += not over_budget
+        if over_budget:
             self.close_connection = True
             self._send_error(_HttpError(503, "LocalHubServer request budget exhausted; stopping"))
             self.wfile.flush()  # the refusal is on the wire before the connections are cut
