@@ -45,15 +45,13 @@ def _standard_errors(baseline: list[float], other: list[float]) -> float:
     return difference / error if error else (0.0 if difference == 0 else float("inf") * difference)
 
 
-def comparison_runs(compare_dir: Path) -> dict[str, tuple[str, str]]:
+def comparison_runs(compare_dir: Path, comparison: dict) -> dict[str, tuple[str, str]]:
     """``{run directory: (strategy, seed)}`` of the comparison's runs."""
-    comparison = json.loads((compare_dir / "comparison.json").read_text())
     return {str(compare_dir / run / f"seed-{seed}"): (run, str(seed))
             for run in comparison["runs"] for seed in comparison["seeds"]}
 
 
-def upstream_table(compare_dir: Path) -> dict:
-    comparison = json.loads((compare_dir / "comparison.json").read_text())
+def upstream_table(compare_dir: Path, comparison: dict) -> dict:
     per_seed = {}
     for run in comparison["runs"]:
         for seed in comparison["seeds"]:
@@ -200,8 +198,9 @@ def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) 
 
 
 def write_tables(args: argparse.Namespace) -> None:
-    upstream = upstream_table(args.compare)
-    runs = comparison_runs(args.compare)
+    comparison = json.loads((args.compare / "comparison.json").read_text())
+    upstream = upstream_table(args.compare, comparison)
+    runs = comparison_runs(args.compare, comparison)
     timings = {}
     for line in args.timings.read_text().splitlines():
         name, _, seconds = line.rpartition(" ")

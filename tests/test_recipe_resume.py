@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from processes import wait_for_checkpoint
 from safetensors.torch import load_file
 
 from robust_pretrain.data import load_ewt_corpus
@@ -71,11 +71,8 @@ def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, ex
         killed = subprocess.Popen(_command(train_file, resumed_dir, extra), env=env, stdout=killed_log,
                                   stderr=subprocess.STDOUT, cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 300
-            while not (resumed_dir / "checkpoint-4" / "trainer_state.json").is_file():  # into the second epoch
-                assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "no checkpoint-4 after 300 s"
-                time.sleep(0.05)
+            # into the second epoch
+            wait_for_checkpoint(killed, resumed_dir / "checkpoint-4", tmp_path / "killed.log", timeout=300)
         finally:
             killed.kill()
             killed.wait()

@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 from ports import free_port
+from processes import wait_for_checkpoint
 from safetensors.torch import load_file
 
 from robust_pretrain.cli import UsageError
@@ -73,11 +73,7 @@ def test_streaming_run_killed_after_a_checkpoint_resumes_exactly(corpus, tmp_pat
     reference = launch(corpus, reference_dir, tmp_path / "uninterrupted.log")
     killed = launch(corpus, resumed_dir, tmp_path / "killed.log")
     try:
-        deadline = time.monotonic() + 300
-        while not (resumed_dir / "checkpoint-4" / "trainer_state.json").is_file():
-            assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint-4 after 300 s"
-            time.sleep(0.05)
+        wait_for_checkpoint(killed, resumed_dir / "checkpoint-4", tmp_path / "killed.log", timeout=300)
     finally:  # torchrun starts its workers in sessions of their own: SIGKILL each of them, and the launcher
         for process in [*psutil.Process(killed.pid).children(recursive=True), psutil.Process(killed.pid)]:
             process.send_signal(signal.SIGKILL)
