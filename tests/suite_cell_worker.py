@@ -25,4 +25,5 @@ if __name__ == "__main__":
     target = ModelIndexTarget("text-classification", "late", "Late", "validation")
     task = SuiteTask("late", "test", "Late", "accuracy", run_late, {"accuracy": ("accuracy", target)})
     cell = run_cell("ckpt", task, 0, (), RunSettings(settings={}, limits={}), Path(sys.argv[1]))
-    print(f"rank {PartialState().process_index}: score {cell['score']}")
+    rank = PartialState().process_index  # a file per rank: the ranks' prints could interleave on one line
+    (Path(sys.argv[1]) / f"rank{rank}.txt").write_text(f"rank {rank}: score {cell['score']}\n")
