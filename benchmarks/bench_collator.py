@@ -39,12 +39,14 @@ def pre_pad(encoded: dict, start: int, stop: int, pad_id: int) -> list[dict]:
     features = []
     for i in range(start, min(stop, len(encoded["input_ids"]))):
         missing = length - len(encoded["input_ids"][i])
-        features.append({
-            "input_ids": encoded["input_ids"][i] + [pad_id] * missing,
-            "attention_mask": encoded["attention_mask"][i] + [0] * missing,
-            "special_tokens_mask": encoded["special_tokens_mask"][i] + [1] * missing,
-            "offset_mapping": encoded["offset_mapping"][i] + [(0, 0)] * missing,
-        })
+        features.append(
+            {
+                "input_ids": encoded["input_ids"][i] + [pad_id] * missing,
+                "attention_mask": encoded["attention_mask"][i] + [0] * missing,
+                "special_tokens_mask": encoded["special_tokens_mask"][i] + [1] * missing,
+                "offset_mapping": encoded["offset_mapping"][i] + [(0, 0)] * missing,
+            }
+        )
     return features
 
 
@@ -61,21 +63,32 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
     corpus = load_ewt_corpus("train", args.ud_dir)
     ours = [dict(row) for row in tokenize_and_tag(corpus, tokenizer, max_seq_length=args.max_seq_length)]
-    encoded = tokenizer(list(corpus["text"]), truncation=True, max_length=args.max_seq_length,
-                        return_offsets_mapping=True, return_special_tokens_mask=True)
+    encoded = tokenizer(
+        list(corpus["text"]),
+        truncation=True,
+        max_length=args.max_seq_length,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
     if list(encoded["input_ids"]) != [f["input_ids"] for f in ours]:
         raise RuntimeError("the two feature sets do not hold the same sequences")
-    batches = {"ours": [ours[i:i + args.batch_size] for i in range(0, len(ours), args.batch_size)],
-               "baseline": [pre_pad(encoded, i, i + args.batch_size, tokenizer.pad_token_id)
-                            for i in range(0, len(ours), args.batch_size)]}
+    batches = {
+        "ours": [ours[i : i + args.batch_size] for i in range(0, len(ours), args.batch_size)],
+        "baseline": [
+            pre_pad(encoded, i, i + args.batch_size, tokenizer.pad_token_id)
+            for i in range(0, len(ours), args.batch_size)
+        ],
+    }
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the baseline warns that whole-word masking disables random replacement
         collators = {
             BASELINE: (DataCollatorForLanguageModeling(tokenizer, whole_word_mask=True, seed=0), "baseline"),
             "TaskGroupedMLMCollator per_token": (TaskGroupedMLMCollator(tokenizer, seed=0), "ours"),
-            "TaskGroupedMLMCollator per_example": (TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=0),
-                                                   "ours"),
+            "TaskGroupedMLMCollator per_example": (
+                TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=0),
+                "ours",
+            ),
         }
     seconds: dict[str, list[float]] = {name: [] for name in collators}
     for _ in range(args.repeats):
@@ -85,13 +98,26 @@ def main() -> None:
                 collator(batch)
             seconds[name].append(time.perf_counter() - started)
     n = len(corpus)
-    rows = [{"collator": name, "sequences_per_s": n / statistics.median(times),
-             "ratio_vs_baseline": statistics.median(seconds[BASELINE]) / statistics.median(times), "seconds": times}
-            for name, times in seconds.items()]
-    setup = {"sequences": n, "batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
-             "repeats": args.repeats, "torch_threads": 1, "python": platform.python_version(),
-             "torch": torch.__version__, "transformers": transformers.__version__,
-             "load_average_1min": round(os.getloadavg()[0], 2)}
+    rows = [
+        {
+            "collator": name,
+            "sequences_per_s": n / statistics.median(times),
+            "ratio_vs_baseline": statistics.median(seconds[BASELINE]) / statistics.median(times),
+            "seconds": times,
+        }
+        for name, times in seconds.items()
+    ]
+    setup = {
+        "sequences": n,
+        "batch_size": args.batch_size,
+        "max_seq_length": args.max_seq_length,
+        "repeats": args.repeats,
+        "torch_threads": 1,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_average_1min": round(os.getloadavg()[0], 2),
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "collator.json").write_text(json.dumps({"setup": setup, "rows": rows}, indent=2) + "\n")
     lines = [f"Setup: {json.dumps(setup)}", "", "| collator | sequences/s | speed vs baseline |", "|---|---|---|"]

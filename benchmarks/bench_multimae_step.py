@@ -69,8 +69,15 @@ def scene_batches(count: int, batch_size: int, image: int, patch: int, visible: 
 
 
 def make_trainer(name: str, model: MultiMAEForPreTraining, out: str) -> Trainer:
-    common = dict(output_dir=out, report_to=[], use_cpu=True, learning_rate=1e-4, max_grad_norm=0.0,
-                  disable_tqdm=True, remove_unused_columns=False)
+    common = dict(
+        output_dir=out,
+        report_to=[],
+        use_cpu=True,
+        learning_rate=1e-4,
+        max_grad_norm=0.0,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
     if name == "plain":
         trainer = Trainer(model=model, args=TrainingArguments(**common))
     else:
@@ -170,10 +177,12 @@ def main() -> None:
     steps = [time_steps(cli, size) for size in cli.models]
     torch.set_num_threads(1)
     pipelines = [
-        throughput({"name": "demo", "source": 64, "image": 32, "patch": 4, "visible": 32, "images": 256}, 32,
-                   cli.repeats),
-        throughput({"name": "paper", "source": 256, "image": 224, "patch": 16, "visible": 98, "images": 64}, 32,
-                   cli.repeats),
+        throughput(
+            {"name": "demo", "source": 64, "image": 32, "patch": 4, "visible": 32, "images": 256}, 32, cli.repeats
+        ),
+        throughput(
+            {"name": "paper", "source": 256, "image": 224, "patch": 16, "visible": 98, "images": 64}, 32, cli.repeats
+        ),
     ]
     setup = {
         "image_size": cli.image, "patch_size": cli.patch, "num_visible_tokens": cli.visible,

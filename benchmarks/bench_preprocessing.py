@@ -41,8 +41,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--copies", type=int, default=1,
-                        help="repeat the corpus to amortise worker start-up (later copies hit the tagger's cache)")
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="repeat the corpus to amortise worker start-up (later copies hit the tagger's cache)",
+    )
     parser.add_argument("--ud-dir", default=None, help="UD English-EWT folder (default: ../shared/data/ud_ewt)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,24 +62,45 @@ def main() -> None:
             _loaded_models.clear()  # a fresh tagger: its per-word cache starts empty, as when a corpus is tagged once
             _ = ShippedTagger().model  # loaded outside the timing (worker processes inherit it)
             started = time.perf_counter()
-            features = tokenize_and_tag(corpus, tokenizer, max_seq_length=args.max_seq_length,
-                                        load_from_cache_file=False, **options)
+            features = tokenize_and_tag(
+                corpus, tokenizer, max_seq_length=args.max_seq_length, load_from_cache_file=False, **options
+            )
             seconds[name].append(time.perf_counter() - started)
             n_tokens[name] = sum(len(ids) for ids in features["input_ids"])
-    rows = [{"configuration": name, "median_seconds": statistics.median(times),
-             "words_per_s": n_words / statistics.median(times), "texts_per_s": len(corpus) / statistics.median(times),
-             "output_tokens": n_tokens[name], "seconds": times} for name, times in seconds.items()]
-    setup = {"corpus": f"UD English-EWT train split x{args.copies}: {len(corpus)} paragraphs, {n_words} words",
-             "tokenizer": "all-MiniLM-L6-v2 (WordPiece, fast)", "max_seq_length": args.max_seq_length,
-             "repeats": args.repeats, "cpu_count": os.cpu_count(), "python": platform.python_version(),
-             "datasets": datasets.__version__,
-             "load_average_1min": round(os.getloadavg()[0], 2)}
+    rows = [
+        {
+            "configuration": name,
+            "median_seconds": statistics.median(times),
+            "words_per_s": n_words / statistics.median(times),
+            "texts_per_s": len(corpus) / statistics.median(times),
+            "output_tokens": n_tokens[name],
+            "seconds": times,
+        }
+        for name, times in seconds.items()
+    ]
+    setup = {
+        "corpus": f"UD English-EWT train split x{args.copies}: {len(corpus)} paragraphs, {n_words} words",
+        "tokenizer": "all-MiniLM-L6-v2 (WordPiece, fast)",
+        "max_seq_length": args.max_seq_length,
+        "repeats": args.repeats,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "datasets": datasets.__version__,
+        "load_average_1min": round(os.getloadavg()[0], 2),
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "preprocessing.json").write_text(json.dumps({"setup": setup, "rows": rows}, indent=2) + "\n")
-    lines = [f"Setup: {json.dumps(setup)}", "", "| configuration | median s | words/s | texts/s | output tokens |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['configuration']} | {r['median_seconds']:.2f} | {r['words_per_s']:,.0f} | "
-              f"{r['texts_per_s']:,.0f} | {r['output_tokens']} |" for r in rows]
+    lines = [
+        f"Setup: {json.dumps(setup)}",
+        "",
+        "| configuration | median s | words/s | texts/s | output tokens |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['configuration']} | {r['median_seconds']:.2f} | {r['words_per_s']:,.0f} | "
+        f"{r['texts_per_s']:,.0f} | {r['output_tokens']} |"
+        for r in rows
+    ]
     (RESULTS / "preprocessing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

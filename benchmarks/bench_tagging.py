@@ -70,8 +70,10 @@ def main() -> None:
         "EWT test, raw text": [s.text for s in sentences],
         "EWT train+dev paragraphs, raw text": list(load_ewt_corpus("train", ud_dir)["text"]),
     }
-    n_words = {name: sum(len(x) if isinstance(x, list) else len(word_tokenize(x)) for x in items)
-               for name, items in inputs.items()}
+    n_words = {
+        name: sum(len(x) if isinstance(x, list) else len(word_tokenize(x)) for x in items)
+        for name, items in inputs.items()
+    }
     gold_words = inputs["EWT test, gold words"]
 
     started = time.perf_counter()
@@ -107,28 +109,55 @@ def main() -> None:
         "shipped-pure-python": upos_accuracy([plain(words) for words in gold_words], sentences),
         "nltk.pos_tag": upos_accuracy([[penn_to_upos(t) for _, t in nltk.pos_tag(w)] for w in gold_words], sentences),
     }
-    rows = [{"backend": backend, "input": name, "cache": cache, "words": n_words[name],
-             "median_words_per_s": n_words[name] / statistics.median(seconds), "seconds": seconds}
-            for (backend, name, cache), seconds in timings.items()]
+    rows = [
+        {
+            "backend": backend,
+            "input": name,
+            "cache": cache,
+            "words": n_words[name],
+            "median_words_per_s": n_words[name] / statistics.median(seconds),
+            "seconds": seconds,
+        }
+        for (backend, name, cache), seconds in timings.items()
+    ]
     speed = {(r["backend"], r["input"], r["cache"]): r["median_words_per_s"] for r in rows}
-    ratios = {f"{cache}, {name}": speed[("shipped", name, cache)] / speed[("nltk.pos_tag", name, "-")]
-              for cache in ("cold", "warm") for name in inputs}
+    ratios = {
+        f"{cache}, {name}": speed[("shipped", name, cache)] / speed[("nltk.pos_tag", name, "-")]
+        for cache in ("cold", "warm")
+        for name in inputs
+    }
     gold = "EWT test, gold words"
     ratios[f"pure-python decoding of the shipped model, {gold}"] = (
         speed[("shipped-pure-python", gold, "-")] / speed[("nltk.pos_tag", gold, "-")]
     )
-    setup = {"repeats": args.repeats, "threads": 1, "python": platform.python_version(), "nltk": nltk.__version__,
-             "model": SHIPPED_MODEL_PATH.name, "model_load_seconds": round(load_seconds, 2),
-             "load_average_1min": round(os.getloadavg()[0], 2)}
+    setup = {
+        "repeats": args.repeats,
+        "threads": 1,
+        "python": platform.python_version(),
+        "nltk": nltk.__version__,
+        "model": SHIPPED_MODEL_PATH.name,
+        "model_load_seconds": round(load_seconds, 2),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+    }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tagging.json").write_text(json.dumps(
-        {"setup": setup, "rows": rows, "speedup_vs_nltk": ratios, "upos_accuracy_ewt_test": accuracies}, indent=2
-    ) + "\n")
-    lines = [f"Setup: {json.dumps(setup)}", "",
-             "cold: fresh tagger, first pass over the text (model loaded before timing); warm: second pass.", "",
-             "| backend | input | cache | words | median words/s |", "|---|---|---|---|---|"]
-    lines += [f"| {r['backend']} | {r['input']} | {r['cache']} | {r['words']} | {r['median_words_per_s']:,.0f} |"
-              for r in rows]
+    (RESULTS / "tagging.json").write_text(
+        json.dumps(
+            {"setup": setup, "rows": rows, "speedup_vs_nltk": ratios, "upos_accuracy_ewt_test": accuracies}, indent=2
+        )
+        + "\n"
+    )
+    lines = [
+        f"Setup: {json.dumps(setup)}",
+        "",
+        "cold: fresh tagger, first pass over the text (model loaded before timing); warm: second pass.",
+        "",
+        "| backend | input | cache | words | median words/s |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['backend']} | {r['input']} | {r['cache']} | {r['words']} | {r['median_words_per_s']:,.0f} |"
+        for r in rows
+    ]
     lines += ["", "| speed-up of shipped over nltk.pos_tag | ratio |", "|---|---|"]
     lines += [f"| {name} | {ratio:.1f}x |" for name, ratio in ratios.items()]
     lines += ["", "| backend | UPOS accuracy, EWT test (gold words) |", "|---|---|"]

@@ -34,8 +34,11 @@ from robust_pretrain.card import CARD_CONTENT_NAME, ModelCardContent, build_mode
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
 
 
 def _standard_errors(baseline: list[float], other: list[float]) -> float:
@@ -47,8 +50,11 @@ def _standard_errors(baseline: list[float], other: list[float]) -> float:
 
 def comparison_runs(compare_dir: Path, comparison: dict) -> dict[str, tuple[str, str]]:
     """``{run directory: (strategy, seed)}`` of the comparison's runs."""
-    return {str(compare_dir / run / f"seed-{seed}"): (run, str(seed))
-            for run in comparison["runs"] for seed in comparison["seeds"]}
+    return {
+        str(compare_dir / run / f"seed-{seed}"): (run, str(seed))
+        for run in comparison["runs"]
+        for seed in comparison["seeds"]
+    }
 
 
 def upstream_table(compare_dir: Path, comparison: dict) -> dict:
@@ -57,8 +63,10 @@ def upstream_table(compare_dir: Path, comparison: dict) -> dict:
         for seed in comparison["seeds"]:
             report = json.loads((compare_dir / run / f"seed-{seed}" / "task_report.json").read_text())
             per_seed.setdefault(run, {})[str(seed)] = {
-                "task_loss": report["eval_task_loss"], "mean": report["eval_mean_task_loss"],
-                "worst": report["eval_worst_task_loss"], "worst_task": report["worst_task"],
+                "task_loss": report["eval_task_loss"],
+                "mean": report["eval_mean_task_loss"],
+                "worst": report["eval_worst_task_loss"],
+                "worst_task": report["worst_task"],
             }
     return {"runs": comparison["runs"], "per_seed": per_seed}
 
@@ -74,13 +82,16 @@ def downstream_tables(
     for checkpoint, entry in suite["checkpoints"].items():
         if checkpoint not in runs:
             references[labels.get(checkpoint, entry["label"])] = {
-                "tasks": {task: entry["tasks"][task]["mean"] for task in tasks}, "average": entry["average"],
-                "worst_task": entry["worst_task"], "worst_score": entry["worst_score"],
+                "tasks": {task: entry["tasks"][task]["mean"] for task in tasks},
+                "average": entry["average"],
+                "worst_task": entry["worst_task"],
+                "worst_score": entry["worst_score"],
             }
             continue
         strategy, seed = runs[checkpoint]
-        slot = pooled.setdefault(strategy, {"scores": {t: [] for t in tasks}, "run_averages": [],
-                                            "per_pretraining_seed": {}})
+        slot = pooled.setdefault(
+            strategy, {"scores": {t: [] for t in tasks}, "run_averages": [], "per_pretraining_seed": {}}
+        )
         for task in tasks:
             slot["scores"][task] += entry["tasks"][task]["scores"]
         seeds = [entry["tasks"][task]["seeds"] for task in tasks]
@@ -90,7 +101,9 @@ def downstream_tables(
         slot["run_averages"] += [statistics.fmean(scores) for scores in scores_per_run]
         slot["per_pretraining_seed"][seed] = {
             **{task: entry["tasks"][task]["mean"] for task in tasks},
-            "average": entry["average"], "worst_task": entry["worst_task"], "worst_score": entry["worst_score"],
+            "average": entry["average"],
+            "worst_task": entry["worst_task"],
+            "worst_score": entry["worst_score"],
         }
     if baseline not in pooled:
         raise ValueError(f"--baseline {baseline!r} has no checkpoint in the suite; objectives: {sorted(pooled)}")
@@ -128,27 +141,44 @@ def _pm(stat: dict, digits: int) -> str:
 def render_upstream(upstream: dict, baseline: str) -> list[str]:
     tasks = list(next(iter(next(iter(upstream["per_seed"].values())).values()))["task_loss"])
     runs = upstream["runs"]
-    lines = ["## Upstream: held-out task loss (lower is better; mean ± std over pre-training seeds)", "",
-             "| run | " + " | ".join(tasks) + " | mean | worst | worst task (per seed) |",
-             "|---" * (len(tasks) + 4) + "|"]
+    lines = [
+        "## Upstream: held-out task loss (lower is better; mean ± std over pre-training seeds)",
+        "",
+        "| run | " + " | ".join(tasks) + " | mean | worst | worst task (per seed) |",
+        "|---" * (len(tasks) + 4) + "|",
+    ]
     for run, stats in runs.items():
         worst_tasks = ", ".join(f"{seed}: {r['worst_task']}" for seed, r in upstream["per_seed"][run].items())
-        lines.append(f"| {run} | " + " | ".join(_pm(stats["task_loss"][t], 4) for t in tasks)
-                     + f" | {_pm(stats['mean_task_loss'], 4)} | {_pm(stats['worst_task_loss'], 4)} | {worst_tasks} |")
+        lines.append(
+            f"| {run} | "
+            + " | ".join(_pm(stats["task_loss"][t], 4) for t in tasks)
+            + f" | {_pm(stats['mean_task_loss'], 4)} | {_pm(stats['worst_task_loss'], 4)} | {worst_tasks} |"
+        )
     base = runs[baseline]
     for run, other in runs.items():
         if run == baseline:
             continue
         pairs = [(base["task_loss"][t], other["task_loss"][t]) for t in tasks]
         pairs += [(base[key], other[key]) for key in ("mean_task_loss", "worst_task_loss")]
-        lines.append(f"| **Δ {run} − {baseline}** | " + " | ".join(
-            f"{o['mean'] - b['mean']:+.4f} ({o['mean'] / b['mean'] - 1:+.1%})" for b, o in pairs) + " | |")
-    lines += ["", "Per pre-training seed:", "", "| run | seed | " + " | ".join(tasks) + " | mean | worst |",
-              "|---" * (len(tasks) + 4) + "|"]
+        lines.append(
+            f"| **Δ {run} − {baseline}** | "
+            + " | ".join(f"{o['mean'] - b['mean']:+.4f} ({o['mean'] / b['mean'] - 1:+.1%})" for b, o in pairs)
+            + " | |"
+        )
+    lines += [
+        "",
+        "Per pre-training seed:",
+        "",
+        "| run | seed | " + " | ".join(tasks) + " | mean | worst |",
+        "|---" * (len(tasks) + 4) + "|",
+    ]
     for run in runs:
         for seed, r in upstream["per_seed"][run].items():
-            lines.append(f"| {run} | {seed} | " + " | ".join(f"{r['task_loss'][t]:.4f}" for t in tasks)
-                         + f" | {r['mean']:.4f} | {r['worst']:.4f} |")
+            lines.append(
+                f"| {run} | {seed} | "
+                + " | ".join(f"{r['task_loss'][t]:.4f}" for t in tasks)
+                + f" | {r['mean']:.4f} | {r['worst']:.4f} |"
+            )
     return lines
 
 
@@ -158,42 +188,70 @@ def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) 
     slots = downstream["strategies"].values()
     runs = {len(scores) for slot in slots for scores in slot["scores"].values()}
     pretraining_seeds = {len(slot["per_pretraining_seed"]) for slot in slots}
-    lines = [f"## {title} (x100, higher is better)", "",
-             f"Per objective, each task's score pooled over pre-training x fine-tuning seeds (mean ± std of "
-             f"{'/'.join(map(str, sorted(runs)))} runs); average and worst task of the pooled means; the last two "
-             f"columns: average and worst score per pre-training seed (mean ± std over the "
-             f"{'/'.join(map(str, sorted(pretraining_seeds)))} pre-training seeds, each the mean over fine-tuning "
-             "seeds).", "",
-             "| objective | " + " | ".join(headers) + " | average | worst task | average (per pt seed) | "
-             "worst (per pt seed) |", "|---" * (len(tasks) + 5) + "|"]
+    lines = [
+        f"## {title} (x100, higher is better)",
+        "",
+        f"Per objective, each task's score pooled over pre-training x fine-tuning seeds (mean ± std of "
+        f"{'/'.join(map(str, sorted(runs)))} runs); average and worst task of the pooled means; the last two "
+        f"columns: average and worst score per pre-training seed (mean ± std over the "
+        f"{'/'.join(map(str, sorted(pretraining_seeds)))} pre-training seeds, each the mean over fine-tuning "
+        "seeds).",
+        "",
+        "| objective | " + " | ".join(headers) + " | average | worst task | average (per pt seed) | "
+        "worst (per pt seed) |",
+        "|---" * (len(tasks) + 5) + "|",
+    ]
     for strategy, slot in downstream["strategies"].items():
         lines.append(
-            f"| {strategy} | " + " | ".join(_pm(slot["tasks"][t], 1) for t in tasks)
+            f"| {strategy} | "
+            + " | ".join(_pm(slot["tasks"][t], 1) for t in tasks)
             + f" | {slot['average']:.1f} | {slot['worst_score']:.1f} ({columns[slot['worst_task']]['display_name']})"
             + f" | {_pm(slot['average_over_pretraining_seeds'], 1)} | {_pm(slot['worst_over_pretraining_seeds'], 1)} |"
         )
     for label, row in downstream["references"].items():
-        lines.append(f"| reference: {label} | " + " | ".join(f"{row['tasks'][t]:.1f}" for t in tasks)
-                     + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
-                     f"({columns[row['worst_task']]['display_name']}) | | |")
+        lines.append(
+            f"| reference: {label} | "
+            + " | ".join(f"{row['tasks'][t]:.1f}" for t in tasks)
+            + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
+            f"({columns[row['worst_task']]['display_name']}) | | |"
+        )
     for strategy, delta in downstream["deltas"].items():
         errors = delta["in_standard_errors"]
         worst_task = downstream["strategies"][strategy]["worst_task"]
-        lines.append(f"| **Δ {strategy} − {baseline}** | " + " | ".join(f"{delta['tasks'][t]:+.1f}" for t in tasks)
-                     + f" | {delta['average']:+.1f} | {delta['worst_score']:+.1f} | | |")
-        lines.append("| Δ in standard errors | " + " | ".join(f"{errors[t]:+.1f}" for t in tasks)
-                     + f" | {errors['average']:+.1f} | "
-                     + (f"{errors[worst_task]:+.1f}" if delta["same_worst_task"] else "") + " | | |")
-    lines += ["", "Per pre-training seed (mean over fine-tuning seeds):", "",
-              "| objective | pt seed | " + " | ".join(headers) + " | average | worst task |",
-              "|---" * (len(tasks) + 4) + "|"]
+        lines.append(
+            f"| **Δ {strategy} − {baseline}** | "
+            + " | ".join(f"{delta['tasks'][t]:+.1f}" for t in tasks)
+            + f" | {delta['average']:+.1f} | {delta['worst_score']:+.1f} | | |"
+        )
+        lines.append(
+            "| Δ in standard errors | "
+            + " | ".join(f"{errors[t]:+.1f}" for t in tasks)
+            + f" | {errors['average']:+.1f} | "
+            + (f"{errors[worst_task]:+.1f}" if delta["same_worst_task"] else "")
+            + " | | |"
+        )
+    lines += [
+        "",
+        "Per pre-training seed (mean over fine-tuning seeds):",
+        "",
+        "| objective | pt seed | " + " | ".join(headers) + " | average | worst task |",
+        "|---" * (len(tasks) + 4) + "|",
+    ]
     for strategy, slot in downstream["strategies"].items():
         for seed, row in slot["per_pretraining_seed"].items():
-            lines.append(f"| {strategy} | {seed} | " + " | ".join(f"{row[t]:.1f}" for t in tasks)
-                         + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
-                         f"({columns[row['worst_task']]['display_name']}) |")
-    lines += ["", f"The suite's own table (`{suite['family']}_suite.md`, one row per checkpoint):", "",
-              suite_md.strip(), ""]
+            lines.append(
+                f"| {strategy} | {seed} | "
+                + " | ".join(f"{row[t]:.1f}" for t in tasks)
+                + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
+                f"({columns[row['worst_task']]['display_name']}) |"
+            )
+    lines += [
+        "",
+        f"The suite's own table (`{suite['family']}_suite.md`, one row per checkpoint):",
+        "",
+        suite_md.strip(),
+        "",
+    ]
     return lines
 
 
@@ -208,8 +266,22 @@ def write_tables(args: argparse.Namespace) -> None:
     commands = args.commands.read_text().splitlines()
     protocol = args.protocol.read_text()
     notes = args.notes.read_text() if args.notes is not None and args.notes.is_file() else ""
-    lines = [f"# {args.title}", "", "## Commands", "", "```bash", *commands, "```", "",
-             "## Fine-tuning protocol (fixed before any result)", "", protocol.strip(), "", "## Wall times", ""]
+    lines = [
+        f"# {args.title}",
+        "",
+        "## Commands",
+        "",
+        "```bash",
+        *commands,
+        "```",
+        "",
+        "## Fine-tuning protocol (fixed before any result)",
+        "",
+        protocol.strip(),
+        "",
+        "## Wall times",
+        "",
+    ]
     lines += [f"- {name}: {seconds / 60:.1f} min ({seconds:.0f} s)" for name, seconds in timings.items()]
     if notes.strip():
         lines += ["", notes.strip()]
@@ -224,9 +296,20 @@ def write_tables(args: argparse.Namespace) -> None:
         suite_md = (suite_dir / f"{args.family}_suite.md").read_text()
         lines += render_downstream(title, downstream[title], suite, suite_md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"commands": commands, "protocol": protocol, "wall_seconds": timings, "notes": notes, "upstream": upstream,
-         "downstream": downstream}, indent=2) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "commands": commands,
+                "protocol": protocol,
+                "wall_seconds": timings,
+                "notes": notes,
+                "upstream": upstream,
+                "downstream": downstream,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     args.out.with_suffix(".md").write_text("\n".join(lines))
     if args.cards is not None:
         for checkpoint, (strategy, seed) in runs.items():
@@ -241,18 +324,28 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
     card = ModelCard.load(run_dir / "README.md")
     card.data.model_name, card.data.base_model = name, args.base_model
     options = json.loads((run_dir / "compare_settings.json").read_text())["options"]
-    pretraining = shlex.join(["python", "-m", "robust_pretrain.pretraining.pos_mlm", *options, "--output_dir",
-                              str(run_dir)])
+    pretraining = shlex.join(
+        ["python", "-m", "robust_pretrain.pretraining.pos_mlm", *options, "--output_dir", str(run_dir)]
+    )
     commands = []
     for command in (pretraining, *suite_commands):
         command = command.replace(str(run_dir.parents[1]), "$OUT/pretraining").replace(str(run_dir.parents[2]), "$OUT")
         commands.append(command.replace(args.model_path, args.model_path_command))
-    card.text = build_model_card(content, model_name=name, model_id=f"path/to/{name}").text + "\n".join([
-        "", "", "## How this checkpoint was made", "",
-        f"Pre-training, then the GLUE suite that merged the results above into this card: one run of `{args.script}` "
-        f"(`$OUT` is its output folder; evidence tables: `{args.out.with_suffix('.md')}`):", "",
-        "```bash", *commands, "```", "",
-    ])
+    card.text = build_model_card(content, model_name=name, model_id=f"path/to/{name}").text + "\n".join(
+        [
+            "",
+            "",
+            "## How this checkpoint was made",
+            "",
+            f"Pre-training, then the GLUE suite that merged the results above into this card: one run of `{args.script}` "
+            f"(`$OUT` is its output folder; evidence tables: `{args.out.with_suffix('.md')}`):",
+            "",
+            "```bash",
+            *commands,
+            "```",
+            "",
+        ]
+    )
     target = args.cards / name / "README.md"
     target.parent.mkdir(parents=True, exist_ok=True)
     card.save(target)
@@ -265,11 +358,22 @@ def main() -> None:
     parser.add_argument("--baseline", required=True, help="objective (comparison run name) the deltas are against")
     for name in ("compare", "timings", "commands", "protocol", "out"):
         parser.add_argument(f"--{name}", type=Path, required=True)
-    parser.add_argument("--suite", nargs=2, action="append", metavar=("TITLE", "DIR"), required=True,
-                        help="a suite directory and its section title; the primary result first")
+    parser.add_argument(
+        "--suite",
+        nargs=2,
+        action="append",
+        metavar=("TITLE", "DIR"),
+        required=True,
+        help="a suite directory and its section title; the primary result first",
+    )
     parser.add_argument("--notes", type=Path, help="markdown appended to the wall times (e.g. where runs were reused)")
-    parser.add_argument("--label", nargs=2, action="append", metavar=("CHECKPOINT", "LABEL"),
-                        help="the row label of a reference checkpoint (one that is not a run of the comparison)")
+    parser.add_argument(
+        "--label",
+        nargs=2,
+        action="append",
+        metavar=("CHECKPOINT", "LABEL"),
+        help="the row label of a reference checkpoint (one that is not a run of the comparison)",
+    )
     parser.add_argument("--script", default="scripts/glue_evidence.sh", help="the evidence script, named in cards")
     parser.add_argument("--cards", type=Path, help="write each comparison run's model card into this folder")
     parser.add_argument("--card_prefix", default="checkpoint", help="cards are named <prefix>-<strategy>-seed<seed>")

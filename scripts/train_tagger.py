@@ -28,8 +28,10 @@ def main() -> None:
     train = [(s.words, s.upos) for s in read_conllu(ud_dir / "en_ewt-ud-train.conllu")]
     started = time.perf_counter()
     model = train_perceptron(train, n_iter=args.iterations, seed=args.seed)
-    print(f"trained on {len(train)} sentences in {time.perf_counter() - started:.0f}s: "
-          f"{len(model['features'])} features, {len(model['tagdict'])} tag-dictionary words")
+    print(
+        f"trained on {len(train)} sentences in {time.perf_counter() - started:.0f}s: "
+        f"{len(model['features'])} features, {len(model['tagdict'])} tag-dictionary words"
+    )
     save_model(model, args.output)
     print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.2f} MB)")
     tagger = VectorizedPerceptron(model)

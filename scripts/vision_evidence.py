@@ -34,8 +34,10 @@ def write_scenes(out_dir: Path, num_train: int, num_eval: int, scene_seed: int, 
     config = scenes.SceneConfig(image_size=scene_size)
     for split, count in zip(SPLITS, (num_train, num_eval), strict=True):
         scenes.generate_scenes(count, split, scene_seed, config).to_parquet(str(out_dir / f"{split}.parquet"))
-    description = (f"generator v{scenes.GENERATOR_VERSION}, seed {scene_seed}, {scene_size} px: {num_train} "
-                   f"downstream_train / {num_eval} downstream_test")
+    description = (
+        f"generator v{scenes.GENERATOR_VERSION}, seed {scene_seed}, {scene_size} px: {num_train} "
+        f"downstream_train / {num_eval} downstream_test"
+    )
     (out_dir / "README.md").write_text(DATASET_README.format(description=description), encoding="utf-8")
 
 

@@ -36,7 +36,7 @@ def _batches(features: list[dict], collator: TaskGroupedMLMCollator, passes: int
     """Yield (padded features, collated batch) for consecutive batches over ``passes`` epochs."""
     for _ in range(passes):
         for start in range(0, len(features), BATCH_SIZE):
-            chunk = features[start:start + BATCH_SIZE]
+            chunk = features[start : start + BATCH_SIZE]
             padded = collator._pad(chunk)
             yield padded, collator(chunk)
 
@@ -124,13 +124,15 @@ def _synthetic(tasks_per_word: list[list[int]]) -> list[dict]:
     rows = []
     for word_tasks in tasks_per_word:
         n = len(word_tasks)
-        rows.append({
-            "input_ids": [101, *range(2000, 2000 + n), 102],
-            "attention_mask": [1] * (n + 2),
-            "special_tokens_mask": [1, *[0] * n, 1],
-            "word_ids": [-1, *range(n), -1],
-            "token_task_ids": [-1, *word_tasks, -1],
-        })
+        rows.append(
+            {
+                "input_ids": [101, *range(2000, 2000 + n), 102],
+                "attention_mask": [1] * (n + 2),
+                "special_tokens_mask": [1, *[0] * n, 1],
+                "word_ids": [-1, *range(n), -1],
+                "token_task_ids": [-1, *word_tasks, -1],
+            }
+        )
     return rows
 
 
@@ -167,8 +169,9 @@ def test_seeded_collator_is_deterministic(tokenizer, features):
 
 
 def test_streaming_pipeline_tags_inside_dataloader_workers(tokenizer):
-    stream = tokenize_and_tag(load_ewt_corpus("test").select(range(64)).to_iterable_dataset(), tokenizer,
-                              max_seq_length=64, pack=True)
+    stream = tokenize_and_tag(
+        load_ewt_corpus("test").select(range(64)).to_iterable_dataset(), tokenizer, max_seq_length=64, pack=True
+    )
     collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=0)
     loader = torch.utils.data.DataLoader(stream, batch_size=16, collate_fn=collator, num_workers=1)
     batches = list(loader)
@@ -245,20 +248,22 @@ def _epoch_masks(loader, collator, epochs: list[int]) -> list[torch.Tensor]:
 def test_masks_differ_per_epoch_and_reproduce_in_dataloader_workers(tokenizer, features, persistent):
     chunk = features[:96]
     collator = TaskGroupedMLMCollator(tokenizer, seed=3)
-    loader = torch.utils.data.DataLoader(chunk, batch_size=16, collate_fn=collator, num_workers=2,
-                                         persistent_workers=persistent)
+    loader = torch.utils.data.DataLoader(
+        chunk, batch_size=16, collate_fn=collator, num_workers=2, persistent_workers=persistent
+    )
     first, second, first_again = _epoch_masks(loader, collator, [0, 1, 0])
     assert not torch.equal(first, second), "epoch 1 repeated epoch 0's masks"
     assert torch.equal(first, first_again)
     # the same masks in the main process and with another number of workers: they depend on (seed, epoch, batch)
     in_process = torch.utils.data.DataLoader(chunk, batch_size=16, collate_fn=collator, num_workers=0)
-    assert [torch.equal(a, b) for a, b in zip(_epoch_masks(in_process, collator, [0, 1]), [first, second],
-                                              strict=True)] == [True, True]
+    assert [
+        torch.equal(a, b) for a, b in zip(_epoch_masks(in_process, collator, [0, 1]), [first, second], strict=True)
+    ] == [True, True]
 
 
 def test_resumed_epoch_draws_the_masks_of_an_uninterrupted_one(tokenizer, features):
     """Skipping batches without collating them (as a resumed Trainer does) leaves the later batches' masks alone."""
-    batches = [features[start:start + 8] for start in range(0, 64, 8)]
+    batches = [features[start : start + 8] for start in range(0, 64, 8)]
     for mode in ("per_token", "per_example"):
         uninterrupted = TaskGroupedMLMCollator(tokenizer, mode=mode, seed=5)
         uninterrupted.set_epoch(2)
@@ -281,8 +286,11 @@ def test_epoch_callback_sets_the_trainers_epoch(tokenizer):
 
 def _tiny_mlm(vocab_size: int) -> BertForMaskedLM:
     torch.manual_seed(0)
-    return BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1,
-                                      num_attention_heads=1, intermediate_size=32))
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=1, intermediate_size=32
+        )
+    )
 
 
 def test_minimax_trainer_gives_new_masks_each_epoch_without_a_callback(tokenizer, features, tmp_path):
@@ -296,11 +304,22 @@ def test_minimax_trainer_gives_new_masks_each_epoch_without_a_callback(tokenizer
             return batch
 
     collator = RecordingCollator(tokenizer, seed=0)
-    args = MinimaxTrainingArguments(output_dir=str(tmp_path), task_names=TaskSpec.default().task_names,
-                                    per_device_train_batch_size=8, num_train_epochs=3, use_cpu=True, report_to=[],
-                                    save_strategy="no", disable_tqdm=True)
-    trainer = MinimaxTrainer(model=_tiny_mlm(len(tokenizer)), args=args, data_collator=collator,
-                             train_dataset=Dataset.from_list(features[:16]))
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path),
+        task_names=TaskSpec.default().task_names,
+        per_device_train_batch_size=8,
+        num_train_epochs=3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = MinimaxTrainer(
+        model=_tiny_mlm(len(tokenizer)),
+        args=args,
+        data_collator=collator,
+        train_dataset=Dataset.from_list(features[:16]),
+    )
     trainer.train()
     assert [epoch for epoch, _, _ in collated] == [0, 0, 1, 1, 2, 2]
     for epoch, rows, labels in collated:
@@ -324,8 +343,9 @@ def test_minimax_trainer_sets_the_epoch_of_a_dataset_transform(tokenizer, tmp_pa
 
     transform = EpochTransform()
     dataset = Dataset.from_dict({"input_ids": [[101, 102]]}).with_transform(transform)
-    args = MinimaxTrainingArguments(output_dir=str(tmp_path), task_names=TaskSpec.default().task_names,
-                                    use_cpu=True, report_to=[])
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path), task_names=TaskSpec.default().task_names, use_cpu=True, report_to=[]
+    )
     trainer = MinimaxTrainer(model=_tiny_mlm(len(tokenizer)), args=args, train_dataset=dataset)
     callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, SetEpochCallback)]
     assert len(callbacks) == 1 and callbacks[0].targets == [transform]

@@ -21,8 +21,9 @@ def test_corpus_is_the_treebank_paragraphs(shared_data):
     assert test.column_names == ["text"] and test.split == "test"
     assert list(test["text"]) == paragraphs(read_conllu(ud_dir / "en_ewt-ud-test.conllu"))
     train = load_ewt_corpus("train", ud_dir=str(ud_dir))
-    expected_train = [text for split in ("train", "dev")
-                      for text in paragraphs(read_conllu(ud_dir / f"en_ewt-ud-{split}.conllu"))]
+    expected_train = [
+        text for split in ("train", "dev") for text in paragraphs(read_conllu(ud_dir / f"en_ewt-ud-{split}.conllu"))
+    ]
     assert list(train["text"]) == expected_train
     assert len(train) > 3000 and all(text and "\n" not in text for text in train["text"])
     with pytest.raises(ValueError, match="unknown split 'validation'"):
@@ -57,10 +58,14 @@ def test_corpus_from_a_hub_dataset_repo(local_hub, shared_data, tmp_path):
     ("text", "words"),
     [
         ("I don't know, can't you?", ["I", "do", "n't", "know", ",", "ca", "n't", "you", "?"]),
-        ("John's car; we'll go. Isn’t O'Brien's?", ["John", "'s", "car", ";", "we", "'ll", "go", ".", "Is", "n’t",
-                                                   "O'Brien", "'s", "?"]),
-        ("A search-engine for the U.S. costs $3.14", ["A", "search", "-", "engine", "for", "the", "U.S.", "costs",
-                                                      "$", "3.14"]),
+        (
+            "John's car; we'll go. Isn’t O'Brien's?",
+            ["John", "'s", "car", ";", "we", "'ll", "go", ".", "Is", "n’t", "O'Brien", "'s", "?"],
+        ),
+        (
+            "A search-engine for the U.S. costs $3.14",
+            ["A", "search", "-", "engine", "for", "the", "U.S.", "costs", "$", "3.14"],
+        ),
         ("See https://x.org/a?b=1, or me@x.org.", ["See", "https://x.org/a?b=1", ",", "or", "me@x.org", "."]),
         ("Wow!!! 😀🎉 naïve e\u0301cole 東京", ["Wow", "!!!", "😀", "🎉", "naïve", "e\u0301cole", "東京"]),
         ("", []),

@@ -43,7 +43,7 @@ def rule_tagger(texts: list[str]) -> list[list[tuple[int, int, str]]]:
 
 def _ewt_sentences(shared_data, limit: int = 400) -> list[str]:
     with open(shared_data / "ud_ewt" / "en_ewt-ud-train.conllu", encoding="utf-8") as handle:
-        texts = (line[len("# text = "):].strip() for line in handle if line.startswith("# text = "))
+        texts = (line[len("# text = ") :].strip() for line in handle if line.startswith("# text = "))
         return list(itertools.islice(texts, limit))
 
 
@@ -59,14 +59,25 @@ def byte_level_bpe(shared_data):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(_ewt_sentences(shared_data), trainer)
     tokenizer.post_processor = processors.RobertaProcessing(
         ("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")), trim_offsets=False
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>", mask_token="<mask>", model_max_length=512)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        model_max_length=512,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +93,15 @@ def unigram(shared_data):
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<cls> $A <sep>", special_tokens=[("<cls>", 0), ("<sep>", 1)]
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="<cls>", sep_token="<sep>", pad_token="<pad>",
-                                   unk_token="<unk>", mask_token="<mask>", model_max_length=512)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        cls_token="<cls>",
+        sep_token="<sep>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        model_max_length=512,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +135,12 @@ def test_alignment_matches_brute_force_overlap(family, request):
         # every word overlaps some token: nothing is silently dropped (a token spanning two words, like WordPiece's
         # single [UNK] for two adjacent emoji, belongs to the first)
         for ws, we, _ in words:
-            assert any(not special and ws < end and start < we for (start, end), special in
-                       zip(encoding["offset_mapping"], encoding["special_tokens_mask"], strict=True))
+            assert any(
+                not special and ws < end and start < we
+                for (start, end), special in zip(
+                    encoding["offset_mapping"], encoding["special_tokens_mask"], strict=True
+                )
+            )
 
 
 def test_wordpiece_alignment_on_known_cases(wordpiece):
@@ -152,10 +174,18 @@ def test_truncation_and_packing_keep_alignment(wordpiece, corpus_sample):
     assert all(n == 64 for n in lengths[:-1]) and 3 <= lengths[-1] <= 64
     unpacked = tokenize_and_tag(corpus_sample, wordpiece, max_seq_length=512)
     assert max(len(ids) for ids in unpacked["input_ids"]) < 512, "sample must not need truncation for this check"
-    body = [(i, t) for row in unpacked for i, t, s in zip(row["input_ids"], row["token_task_ids"],
-                                                           row["special_tokens_mask"], strict=True) if not s]
-    packed_body = [(i, t) for row in packed for i, t, s in zip(row["input_ids"], row["token_task_ids"],
-                                                                row["special_tokens_mask"], strict=True) if not s]
+    body = [
+        (i, t)
+        for row in unpacked
+        for i, t, s in zip(row["input_ids"], row["token_task_ids"], row["special_tokens_mask"], strict=True)
+        if not s
+    ]
+    packed_body = [
+        (i, t)
+        for row in packed
+        for i, t, s in zip(row["input_ids"], row["token_task_ids"], row["special_tokens_mask"], strict=True)
+        if not s
+    ]
     assert packed_body == body  # same tokens with the same task ids, only re-blocked
     for row in packed:
         assert row["input_ids"][0] == wordpiece.cls_token_id and row["input_ids"][-1] == wordpiece.sep_token_id
@@ -218,8 +248,9 @@ def test_packing_gives_the_same_blocks_for_any_num_proc(tmp_path, wordpiece, cor
 @pytest.mark.parametrize("pack", [False, True])
 def test_streaming_equals_eager(wordpiece, corpus_sample, pack):
     eager = tokenize_and_tag(corpus_sample, wordpiece, max_seq_length=64, pack=pack, batch_size=50)
-    streamed = tokenize_and_tag(corpus_sample.to_iterable_dataset(), wordpiece, max_seq_length=64, pack=pack,
-                                batch_size=50)
+    streamed = tokenize_and_tag(
+        corpus_sample.to_iterable_dataset(), wordpiece, max_seq_length=64, pack=pack, batch_size=50
+    )
     assert _rows(streamed) == _rows(eager)
 
 
@@ -234,8 +265,7 @@ def test_stream_without_declared_features_keeps_only_the_output_columns(wordpiec
     stream = IterableDataset.from_generator(_rows_with_extra_columns, gen_kwargs={"texts": texts})
     assert stream.column_names is None
     streamed = tokenize_and_tag(stream, wordpiece, max_seq_length=64, pack=pack, batch_size=25)
-    eager = tokenize_and_tag(Dataset.from_dict({"text": texts}), wordpiece, max_seq_length=64, pack=pack,
-                             batch_size=25)
+    eager = tokenize_and_tag(Dataset.from_dict({"text": texts}), wordpiece, max_seq_length=64, pack=pack, batch_size=25)
     rows = _rows(streamed)
     assert all(set(row) == set(FEATURES) for row in rows)
     assert rows == _rows(eager)

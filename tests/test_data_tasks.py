@@ -9,8 +9,17 @@ from robust_pretrain.data import DEFAULT_POS_TASKS, TaskSpec
 
 def test_default_spec_is_the_papers_nine_tasks():
     spec = TaskSpec.resolve(None)
-    assert spec.task_names == ["verb", "noun", "adjective", "determiner", "adverb", "pronoun", "preposition",
-                               "conjunction", "interjection"]
+    assert spec.task_names == [
+        "verb",
+        "noun",
+        "adjective",
+        "determiner",
+        "adverb",
+        "pronoun",
+        "preposition",
+        "conjunction",
+        "interjection",
+    ]
     assert spec == TaskSpec.default() == TaskSpec(DEFAULT_POS_TASKS)
     mapping = spec.tag_to_task
     assert mapping["AUX"] == mapping["VERB"] == 0 and mapping["PROPN"] == 1 and mapping["SCONJ"] == 7

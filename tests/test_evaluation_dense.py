@@ -35,12 +35,23 @@ def one_thread() -> Iterator[None]:
 
 def tiny_model(seed: int) -> MultiMAEForPreTraining:
     torch.manual_seed(seed)
-    return MultiMAEForPreTraining(MultiMAEConfig(
-        modalities=[vars(spec) for spec in default_modalities(scenes.NUM_CLASSES)], image_size=SIZE, patch_size=8,
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, decoder_hidden_size=32,
-        decoder_num_hidden_layers=1, decoder_num_attention_heads=2, decoder_intermediate_size=64,
-        neck_hidden_sizes=[8, 8, 8, 8], fusion_hidden_size=8,
-    ))
+    return MultiMAEForPreTraining(
+        MultiMAEConfig(
+            modalities=[vars(spec) for spec in default_modalities(scenes.NUM_CLASSES)],
+            image_size=SIZE,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            decoder_hidden_size=32,
+            decoder_num_hidden_layers=1,
+            decoder_num_attention_heads=2,
+            decoder_intermediate_size=64,
+            neck_hidden_sizes=[8, 8, 8, 8],
+            fusion_hidden_size=8,
+        )
+    )
 
 
 def pretrain(path: Path, steps: int = 3) -> Path:
@@ -50,8 +61,10 @@ def pretrain(path: Path, steps: int = 3) -> Path:
     processed = MultiMAEImageProcessor(size=SIZE, num_classes=scenes.NUM_CLASSES)(
         images=data["rgb"], depth=data["depth"], semseg=data["semseg"]
     )
-    examples = [{name: processed[name][i] for name in ("rgb", "depth", "semseg")} | {"id": data["id"][i]}
-                for i in range(len(data))]
+    examples = [
+        {name: processed[name][i] for name in ("rgb", "depth", "semseg")} | {"id": data["id"][i]}
+        for i in range(len(data))
+    ]
     batch = ModalityMaskCollator(num_visible_tokens=8, patch_size=8)(examples)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
@@ -116,8 +129,9 @@ def test_dense_suite_end_to_end(tmp_path: Path) -> None:
         worst = f"{entry['worst_score']:.1f} ({DISPLAY[entry['worst_task']]})"
         assert f"| {checkpoint.name} |" in markdown and f"| {entry['average']:.1f} | {worst} |" in markdown
     assert "Deltas against the baseline random-init" in markdown and "max_steps=2" in markdown
-    assert json.loads((out / "dense_suite.json").read_text())["checkpoints"][str(pretrained)]["worst_task"] == (
-        entries[pretrained]["worst_task"]
+    assert (
+        json.loads((out / "dense_suite.json").read_text())["checkpoints"][str(pretrained)]["worst_task"]
+        == (entries[pretrained]["worst_task"])
     )
     index = json.loads((out / "model_cards" / checkpoint_key(str(pretrained)) / "model_index.json").read_text())
     metrics = {m["type"]: m["value"] for r in index["model-index"][0]["results"] for m in r["metrics"]}
@@ -140,12 +154,37 @@ def test_dense_suite_refuses_bad_checkpoints_before_any_cell(
     checkpoint = tmp_path / "mmmae"
     tiny_model(seed=0).save_pretrained(checkpoint)
     vit = export_vit(checkpoint, tmp_path / "vit")
-    status = suite.main(["--family", "dense", "--checkpoints", str(checkpoint), str(vit), "--tasks", "classification",
-                         "depth", "--output_dir", str(tmp_path / "suite")])
+    status = suite.main(
+        [
+            "--family",
+            "dense",
+            "--checkpoints",
+            str(checkpoint),
+            str(vit),
+            "--tasks",
+            "classification",
+            "depth",
+            "--output_dir",
+            str(tmp_path / "suite"),
+        ]
+    )
     assert status == 2
     error = capsys.readouterr().err
     assert "--checkpoints" in error and f"{vit} is a ViT checkpoint; --task depth needs" in error
-    status = suite.main(["--family", "dense", "--checkpoints", str(checkpoint), "--tasks", "depth",
-                         "--input_modalities", "rgb", "depth", "--output_dir", str(tmp_path / "suite")])
+    status = suite.main(
+        [
+            "--family",
+            "dense",
+            "--checkpoints",
+            str(checkpoint),
+            "--tasks",
+            "depth",
+            "--input_modalities",
+            "rgb",
+            "depth",
+            "--output_dir",
+            str(tmp_path / "suite"),
+        ]
+    )
     assert status == 2 and "the depth task cannot read its own target" in capsys.readouterr().err
     assert not (tmp_path / "suite").exists()

@@ -21,19 +21,24 @@ def _entry(label: str, scores: dict[str, list[float]]) -> dict:
     return {
         "label": label,
         "tasks": {task: {"scores": values, "seeds": [1, 2], "mean": means[task]} for task, values in scores.items()},
-        "average": statistics.fmean(means.values()), "worst_task": worst, "worst_score": means[worst],
+        "average": statistics.fmean(means.values()),
+        "worst_task": worst,
+        "worst_score": means[worst],
     }
 
 
 def test_pooled_scores_deltas_and_standard_errors() -> None:
     runs = {f"/c/{name}/seed-{seed}": (name, str(seed)) for name in ("base", "new") for seed in (1, 2)}
-    suite = {"tasks": ["a", "b"], "checkpoints": {
-        "/c/base/seed-1": _entry("base/seed-1", {"a": [50, 52], "b": [30, 32]}),
-        "/c/base/seed-2": _entry("base/seed-2", {"a": [54, 56], "b": [34, 36]}),
-        "/c/new/seed-1": _entry("new/seed-1", {"a": [50, 52], "b": [40, 42]}),
-        "/c/new/seed-2": _entry("new/seed-2", {"a": [54, 56], "b": [44, 46]}),
-        "/m/model": _entry("model", {"a": [60, 60], "b": [20, 20]}),
-    }}
+    suite = {
+        "tasks": ["a", "b"],
+        "checkpoints": {
+            "/c/base/seed-1": _entry("base/seed-1", {"a": [50, 52], "b": [30, 32]}),
+            "/c/base/seed-2": _entry("base/seed-2", {"a": [54, 56], "b": [34, 36]}),
+            "/c/new/seed-1": _entry("new/seed-1", {"a": [50, 52], "b": [40, 42]}),
+            "/c/new/seed-2": _entry("new/seed-2", {"a": [54, 56], "b": [44, 46]}),
+            "/m/model": _entry("model", {"a": [60, 60], "b": [20, 20]}),
+        },
+    }
     tables = evidence_tables.downstream_tables(suite, runs, "base")
     base, new = tables["strategies"]["base"], tables["strategies"]["new"]
     assert base["tasks"]["b"]["mean"] == 33 and base["average"] == 43 and base["worst_task"] == "b"

@@ -82,8 +82,15 @@ def test_outputs_load_without_remote_code(pushed_run) -> None:
     from transformers import AutoImageProcessor, AutoModelForPreTraining
 
     output_dir, remote, _, from_hub = pushed_run
-    for name in ("model.safetensors", "config.json", "preprocessor_config.json", "task_report.json",
-                 "task_weights.png", "reconstructions.png", "README.md"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "preprocessor_config.json",
+        "task_report.json",
+        "task_weights.png",
+        "reconstructions.png",
+        "README.md",
+    ):
         assert (output_dir / name).is_file(), name
         assert remote[name] == (output_dir / name).read_bytes(), name  # pushed as written
     assert not any(path.startswith("checkpoint-") for path in remote)
@@ -154,6 +161,7 @@ def test_resume_refuses_other_settings(pushed_run) -> None:
 
 # ------------------------------------------------------------------------------------------ 2. two processes
 
+
 def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -> None:
     """2 gloo processes x 2 images per step compute what 1 process x 4 images computes: same crops and masks (keyed
     by image id), per-task losses pooled exactly over processes; the parameters agree to float rounding."""
@@ -189,8 +197,21 @@ def test_killed_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     steps = 8
 
     def command(output_dir: Path) -> list[str]:
-        return [sys.executable, str(RECIPE), *argv(output_dir, "--num_train_scenes", "12", "--max_steps", str(steps),
-                                                   "--save_steps", "1", "--num_reconstructions", "0")]
+        return [
+            sys.executable,
+            str(RECIPE),
+            *argv(
+                output_dir,
+                "--num_train_scenes",
+                "12",
+                "--max_steps",
+                str(steps),
+                "--save_steps",
+                "1",
+                "--num_reconstructions",
+                "0",
+            ),
+        ]
 
     reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
     with open(tmp_path / "reference.log", "w") as log, open(tmp_path / "killed.log", "w") as killed_log:
@@ -216,9 +237,10 @@ def test_killed_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     expected, resumed = load_file(reference_dir / "model.safetensors"), load_file(resumed_dir / "model.safetensors")
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
-    assert read_json(resumed_dir / "task_report.json")["eval_task_loss"] == read_json(
-        reference_dir / "task_report.json"
-    )["eval_task_loss"]
+    assert (
+        read_json(resumed_dir / "task_report.json")["eval_task_loss"]
+        == read_json(reference_dir / "task_report.json")["eval_task_loss"]
+    )
 
 
 # --------------------------------------------------------------------------------------------- 4. bad input
@@ -280,8 +302,19 @@ def test_datasets_dataset_with_a_column_mapping(tmp_path: Path) -> None:
     card = ModelCard.load(output_dir / "README.md").text
     assert "The local dataset `scenes_parquet` (8 training and 2 held-out images" in card and str(tmp_path) not in card
     with pytest.raises(UsageError, match=r"--dataset_name .*scenes_parquet.*no column 'depth_mm' \(mapped to depth\)"):
-        recipe.run(argv(tmp_path / "other", "--dataset_name", str(data), "--column_mapping", "rgb=image",
-                        "depth=depth_mm", "--modalities", "rgb", "depth"))
+        recipe.run(
+            argv(
+                tmp_path / "other",
+                "--dataset_name",
+                str(data),
+                "--column_mapping",
+                "rgb=image",
+                "depth=depth_mm",
+                "--modalities",
+                "rgb",
+                "depth",
+            )
+        )
 
 
 @pytest.mark.parametrize(
@@ -331,9 +364,24 @@ def test_compare_on_the_vision_config(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(compare.subprocess, "run", run)
     out = tmp_path / "compare"
     overrides = [*TINY, "--max_steps", "2", "--num_reconstructions", "0"]
-    result = compare.run(["--config", str(VISION_CONFIG), "--strategies", "average", "minimax", "--seeds", "1", "2",
-                          "--sweep", "alpha=0.5,4",
-                          "--output_dir", str(out), "--", *overrides])
+    result = compare.run(
+        [
+            "--config",
+            str(VISION_CONFIG),
+            "--strategies",
+            "average",
+            "minimax",
+            "--seeds",
+            "1",
+            "2",
+            "--sweep",
+            "alpha=0.5,4",
+            "--output_dir",
+            str(out),
+            "--",
+            *overrides,
+        ]
+    )
     assert list(result["runs"]) == ["average", "minimax-alpha=0.5", "minimax-alpha=4"] and len(calls) == 6
     for run_name, table in result["runs"].items():
         reports = [read_json(out / run_name / f"seed-{s}" / "task_report.json") for s in (1, 2)]
@@ -344,8 +392,10 @@ def test_compare_on_the_vision_config(tmp_path: Path, monkeypatch) -> None:
             )
         worsts = [r["eval_worst_task_loss"] for r in reports]
         assert table["worst_task_loss"]["mean"] == pytest.approx(np.mean(worsts), rel=1e-12)
-    top = {name: max(read_json(out / name / "seed-1" / "task_report.json")["final_weights"].values())
-           for name in ("minimax-alpha=0.5", "minimax-alpha=4")}
+    top = {
+        name: max(read_json(out / name / "seed-1" / "task_report.json")["final_weights"].values())
+        for name in ("minimax-alpha=0.5", "minimax-alpha=4")
+    }
     assert top["minimax-alpha=4"] > top["minimax-alpha=0.5"]
     for picture in ("comparison_tasks.png", "frontier.png"):
         assert_png(out / picture)
@@ -359,8 +409,9 @@ def test_compare_picks_the_recipe_of_the_config(tmp_path: Path) -> None:
     assert compare.recipe_for_config(yaml.safe_load(DEMO_CONFIG.read_text())) == "pos_mlm"
     assert compare.recipe_for_config({"max_steps": 3}) == "pos_mlm"
     unknown = "{'pos_mlm': ['num_visible_tokens'], 'multimae': ['mlm_probability']}"
-    with pytest.raises(ValueError, match=re.escape(f"no recipe takes every option of the --config file (unknown "
-                                                   f"options: {unknown})")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"no recipe takes every option of the --config file (unknown options: {unknown})")
+    ):
         compare.recipe_for_config({"mlm_probability": 0.1, "num_visible_tokens": 8})
 
 

@@ -404,9 +404,10 @@ def test_same_command_same_tokenizer_and_parameters(tmp_path: Path, small_files,
     assert weights[0].keys() == weights[1].keys()
     for key, value in weights[0].items():
         assert torch.equal(value, weights[1][key]), key
-    assert read_json(first / "task_report.json")["eval_task_loss"] == read_json(second / "task_report.json")[
-        "eval_task_loss"
-    ]
+    assert (
+        read_json(first / "task_report.json")["eval_task_loss"]
+        == read_json(second / "task_report.json")["eval_task_loss"]
+    )
 
 
 def test_wordpiece_training_is_deterministic() -> None:
@@ -614,6 +615,7 @@ def test_lora_adapter_reproduces_the_trained_mlm(lora_run: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------- 4. two processes
+
 
 def test_two_processes(tmp_path: Path, small_files) -> None:
     output_dir = tmp_path / "ddp"

@@ -66,10 +66,16 @@ def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, ex
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
     with open(tmp_path / "uninterrupted.log", "w") as reference_log, open(tmp_path / "killed.log", "w") as killed_log:
-        reference = subprocess.Popen(_command(train_file, reference_dir, extra), env=env, stdout=reference_log,
-                                     stderr=subprocess.STDOUT, cwd=tmp_path)
-        killed = subprocess.Popen(_command(train_file, resumed_dir, extra), env=env, stdout=killed_log,
-                                  stderr=subprocess.STDOUT, cwd=tmp_path)
+        reference = subprocess.Popen(
+            _command(train_file, reference_dir, extra),
+            env=env,
+            stdout=reference_log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        killed = subprocess.Popen(
+            _command(train_file, resumed_dir, extra), env=env, stdout=killed_log, stderr=subprocess.STDOUT, cwd=tmp_path
+        )
         try:
             # into the second epoch
             wait_for_checkpoint(killed, resumed_dir / "checkpoint-4", tmp_path / "killed.log", timeout=300)
@@ -83,8 +89,9 @@ def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, ex
     steps_done = int(Path(last_complete_checkpoint(resumed_dir)).name.split("-")[1])
     assert 4 <= steps_done < MAX_STEPS
 
-    rerun = subprocess.run(_command(train_file, resumed_dir, extra), env=env, capture_output=True, text=True,
-                           timeout=600, cwd=tmp_path)
+    rerun = subprocess.run(
+        _command(train_file, resumed_dir, extra), env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
 
     losses = _losses(reference_dir)

@@ -154,8 +154,16 @@ def test_gpu_accelerate_fsdp2_config_equals_ddp(tmp_path):
         env=env, check=True,
     )  # fmt: skip
     subprocess.run(
-        [*launch, "--multi_gpu", "--main_process_port", str(free_port()), str(SCRIPT), "--out", str(tmp_path / "ddp"),
-         *args],
+        [
+            *launch,
+            "--multi_gpu",
+            "--main_process_port",
+            str(free_port()),
+            str(SCRIPT),
+            "--out",
+            str(tmp_path / "ddp"),
+            *args,
+        ],
         env=env,
         check=True,
     )

@@ -32,7 +32,6 @@ TINY = [
 ]  # fmt: skip
 
 
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
     """A small training text and a WordPiece tokenizer trained on it (both runs and both nodes use the same)."""

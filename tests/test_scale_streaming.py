@@ -28,7 +28,6 @@ RECIPE = REPO / "recipes" / "pretrain_pos_mlm.py"
 MAX_STEPS = 30
 
 
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, Path]:
     """4 training files (shards), a validation file and a WordPiece tokenizer trained on the training texts."""

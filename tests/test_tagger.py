@@ -83,8 +83,20 @@ def test_nltk_backend_matches_pos_tag(nltk_data):
 
 
 def test_penn_to_upos_refines_the_universal_map(nltk_data):
-    expected = {"NNP": "PROPN", "NN": "NOUN", "MD": "AUX", "UH": "INTJ", "CC": "CCONJ", "TO": "PART", ".": "PUNCT",
-                "PRP$": "PRON", "VBZ": "VERB", "CD": "NUM", "IN": "ADP", "WDT": "DET"}
+    expected = {
+        "NNP": "PROPN",
+        "NN": "NOUN",
+        "MD": "AUX",
+        "UH": "INTJ",
+        "CC": "CCONJ",
+        "TO": "PART",
+        ".": "PUNCT",
+        "PRP$": "PRON",
+        "VBZ": "VERB",
+        "CD": "NUM",
+        "IN": "ADP",
+        "WDT": "DET",
+    }
     assert {tag: penn_to_upos(tag) for tag in expected} == expected
 
 

@@ -47,13 +47,15 @@ def _rows(tasks_per_row: list[list[int]], first_token: int = 2000) -> list[dict]
     rows = []
     for offset, word_tasks in enumerate(tasks_per_row):
         n = len(word_tasks)
-        rows.append({
-            "input_ids": [101, *range(first_token + offset, first_token + offset + n), 102],
-            "attention_mask": [1] * (n + 2),
-            "special_tokens_mask": [1, *[0] * n, 1],
-            "word_ids": [-1, *range(n), -1],
-            "token_task_ids": [-1, *word_tasks, -1],
-        })
+        rows.append(
+            {
+                "input_ids": [101, *range(first_token + offset, first_token + offset + n), 102],
+                "attention_mask": [1] * (n + 2),
+                "special_tokens_mask": [1, *[0] * n, 1],
+                "word_ids": [-1, *range(n), -1],
+                "token_task_ids": [-1, *word_tasks, -1],
+            }
+        )
     return rows
 
 
@@ -138,8 +140,11 @@ def test_invalid_sampling_settings_are_refused():
 
 def _tiny_mlm(vocab_size: int) -> BertForMaskedLM:
     torch.manual_seed(0)
-    return BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1,
-                                      num_attention_heads=1, intermediate_size=32))
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=1, intermediate_size=32
+        )
+    )
 
 
 def _training_rows(n: int) -> list[dict]:
@@ -184,18 +189,33 @@ def train_with_sampling(
     """MinimaxTrainer, minimax (alpha 1) sampling weights, plain-mean objective; the trainer and the schedule."""
     tokenizer = _tokenizer()
     args = MinimaxTrainingArguments(
-        output_dir=output_dir, task_names=TASK_NAMES, weighting="minimax", per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation, max_steps=max_steps, learning_rate=1e-2, logging_steps=1,
-        save_strategy="no", report_to=[], use_cpu=True, seed=3, disable_tqdm=True, dataloader_num_workers=workers,
+        output_dir=output_dir,
+        task_names=TASK_NAMES,
+        weighting="minimax",
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_steps=max_steps,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=3,
+        disable_tqdm=True,
+        dataloader_num_workers=workers,
         dataloader_persistent_workers=persistent_workers and workers > 0,
     )
     schedule = RecordingSchedule(NUM_TASKS)
-    collator = RecordingCollator(tokenizer, mode="per_example", mlm_probability=0.3,
-                                 seed=args.seed + args.process_index, task_schedule=schedule)
+    collator = RecordingCollator(
+        tokenizer, mode="per_example", mlm_probability=0.3, seed=args.seed + args.process_index, task_schedule=schedule
+    )
     trainer = MinimaxTrainer(
-        model=_tiny_mlm(len(tokenizer)), args=args, data_collator=collator,
+        model=_tiny_mlm(len(tokenizer)),
+        args=args,
+        data_collator=collator,
         train_dataset=Dataset.from_list(_training_rows(64)),
-        weighting=TaskSamplingWeighting(args.build_weighting(), schedule), callbacks=[TaskSamplingCallback(schedule)],
+        weighting=TaskSamplingWeighting(args.build_weighting(), schedule),
+        callbacks=[TaskSamplingCallback(schedule)],
     )
     trainer.train()
     return trainer, schedule
@@ -295,8 +315,10 @@ def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     ("options", "message"),
     [
         (["--task_sampling", "weights"], "--task_sampling weights draws one task per sequence: it needs --masking"),
-        (["--masking", "per_example", "--task_sampling", "weights", "--weighting", "uncertainty"],
-         "--task_sampling weights with --weighting uncertainty: UncertaintyWeighting cannot drive task sampling"),
+        (
+            ["--masking", "per_example", "--task_sampling", "weights", "--weighting", "uncertainty"],
+            "--task_sampling weights with --weighting uncertainty: UncertaintyWeighting cannot drive task sampling",
+        ),
     ],
 )
 def test_recipe_refuses_sampling_settings_it_cannot_honour(tmp_path, capsys, options, message):

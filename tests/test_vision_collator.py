@@ -188,12 +188,25 @@ def _train(output_dir, max_steps: int, resume: bool = False) -> list[tuple[torch
     collator = ModalityMaskCollator(num_visible_tokens=30, patch_size=PATCH, seed=11)
     model = _MaskRecorder()
     args = TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=max_steps, save_steps=4,
-        save_strategy="steps", report_to=[], logging_strategy="no", seed=0, use_cpu=True, dataloader_num_workers=0,
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        max_steps=max_steps,
+        save_steps=4,
+        save_strategy="steps",
+        report_to=[],
+        logging_strategy="no",
+        seed=0,
+        use_cpu=True,
+        dataloader_num_workers=0,
         remove_unused_columns=False,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=_Examples(), data_collator=collator,
-                      callbacks=[SetEpochCallback([collator])])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_Examples(),
+        data_collator=collator,
+        callbacks=[SetEpochCallback([collator])],
+    )
     trainer.train(resume_from_checkpoint=resume or None)
     return model.seen
 
@@ -262,10 +275,15 @@ def test_scenes_processor_collator_and_model_fit_together():
     collator = ModalityMaskCollator(num_visible_tokens=10, patch_size=PATCH, alpha=1.0)
     batch = next(iter(DataLoader(dataset, batch_size=4, collate_fn=collator)))
     assert batch["rgb"].shape == (4, 3, IMAGE, IMAGE) and batch["semseg"].max() < NUM_CLASSES
-    model = MultiMAEForPreTraining(tiny_config(modalities=[
-        {"name": "rgb", "kind": "rgb"}, {"name": "depth", "kind": "depth"},
-        {"name": "semseg", "kind": "semseg", "num_classes": NUM_CLASSES},
-    ]))
+    model = MultiMAEForPreTraining(
+        tiny_config(
+            modalities=[
+                {"name": "rgb", "kind": "rgb"},
+                {"name": "depth", "kind": "depth"},
+                {"name": "semseg", "kind": "semseg", "num_classes": NUM_CLASSES},
+            ]
+        )
+    )
     output = model(**batch)
     assert set(output.task_losses) == {"rgb", "depth", "semseg"}
     assert all(torch.isfinite(loss) for loss in output.task_losses.values())

@@ -47,10 +47,19 @@ def one_thread() -> Iterator[None]:
 
 def tiny_config(**overrides) -> MultiMAEConfig:
     settings = dict(
-        modalities=[vars(spec) for spec in default_modalities(scenes.NUM_CLASSES)], image_size=SIZE, patch_size=8,
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, decoder_hidden_size=32,
-        decoder_num_hidden_layers=1, decoder_num_attention_heads=2, decoder_intermediate_size=64,
-        neck_hidden_sizes=[8, 8, 8, 8], fusion_hidden_size=8,
+        modalities=[vars(spec) for spec in default_modalities(scenes.NUM_CLASSES)],
+        image_size=SIZE,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        decoder_hidden_size=32,
+        decoder_num_hidden_layers=1,
+        decoder_num_attention_heads=2,
+        decoder_intermediate_size=64,
+        neck_hidden_sizes=[8, 8, 8, 8],
+        fusion_hidden_size=8,
     )
     return MultiMAEConfig(**{**settings, **overrides})
 
@@ -138,7 +147,7 @@ def check_outputs(
         assert reported[key] == pytest.approx(value, abs=1e-6), key
     recomputed = recompute_metrics(output_dir / f"predictions_{task}.npz")
     assert {f"eval_{key}": value for key, value in recomputed.items()} == pytest.approx(
-        {key: value for key, value in reported.items() if key[len("eval_"):] in recomputed}
+        {key: value for key, value in reported.items() if key[len("eval_") :] in recomputed}
     )
     with Image.open(output_dir / "predictions.png") as plot:  # 2.6-inch panels at 100 dpi
         columns = 1 if task == "classification" else 3  # input (titled with both classes) / input, prediction, target
@@ -188,8 +197,17 @@ def test_datasets_dataset_with_column_mapping_and_depth_input(checkpoint: Path, 
     assert saved["finetune_modalities"] == ["rgb", "depth"]
     assert saved["neck_hidden_sizes"] == [4, 4, 8, 8] and saved["fusion_hidden_size"] == 4  # the head's own sizes
     with pytest.raises(UsageError, match=r"--column_mapping maps no column to \['semseg'\]"):
-        finetune(checkpoint, "semseg", tmp_path / "unmapped", "--dataset_name", str(tmp_path / "data"),
-                 "--num_labels", "7", "--column_mapping", "rgb=image")
+        finetune(
+            checkpoint,
+            "semseg",
+            tmp_path / "unmapped",
+            "--dataset_name",
+            str(tmp_path / "data"),
+            "--num_labels",
+            "7",
+            "--column_mapping",
+            "rgb=image",
+        )
 
 
 def test_lora_trains_adapters_and_saves_the_head(checkpoint: Path, tmp_path: Path) -> None:
@@ -213,8 +231,9 @@ def test_lora_trains_adapters_and_saves_the_head(checkpoint: Path, tmp_path: Pat
     # The encoder stayed frozen: its weights equal the checkpoint's.
     merged = model.merge_and_unload()
     reference = MultiMAEForSemanticSegmentation.from_pretrained(checkpoint, config=config)
-    assert not torch.equal(merged.multimae.layers[0].attention.q_proj.weight,
-                           reference.multimae.layers[0].attention.q_proj.weight)  # LoRA delta merged in
+    assert not torch.equal(
+        merged.multimae.layers[0].attention.q_proj.weight, reference.multimae.layers[0].attention.q_proj.weight
+    )  # LoRA delta merged in
     torch.testing.assert_close(merged.multimae.layers[0].mlp.fc1.weight, reference.multimae.layers[0].mlp.fc1.weight)
 
 
@@ -223,9 +242,7 @@ def test_vit_checkpoint_fine_tunes_for_classification(checkpoint: Path, tmp_path
     metrics = finetune(vit, "classification", tmp_path / "out")
     downstream = scenes.generate_scenes(4, "downstream_test", 0, scenes.SceneConfig(image_size=SIZE))
     check_outputs("classification", tmp_path / "out", metrics, downstream["id"])
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [
-        "ViTForImageClassification"
-    ]
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["ViTForImageClassification"]
     with pytest.raises(UsageError, match="is a ViT checkpoint; --task semseg needs"):
         finetune(vit, "semseg", tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
@@ -317,8 +334,16 @@ def test_bad_data_is_refused_before_training(
 def test_classification_labels_outside_the_classes(checkpoint: Path, tmp_path: Path) -> None:
     broken_folder(tmp_path / "data", "none")
     with pytest.raises(UsageError, match=r"labels \['sphere'\] are not among --class_names \['box', 'cylinder'\]"):
-        finetune(checkpoint, "classification", tmp_path / "out", "--image_folder", str(tmp_path / "data"),
-                 "--class_names", "box", "cylinder")
+        finetune(
+            checkpoint,
+            "classification",
+            tmp_path / "out",
+            "--image_folder",
+            str(tmp_path / "data"),
+            "--class_names",
+            "box",
+            "cylinder",
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -340,7 +365,21 @@ def test_bad_checkpoint_task_and_output_dir(
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("keep me")
-    status = main(["--model_name_or_path", str(checkpoint), "--task", "depth", "--output_dir", str(taken),
-                   "--num_train_scenes", "2", "--num_eval_scenes", "1", "--scene_size", str(SIZE)])
+    status = main(
+        [
+            "--model_name_or_path",
+            str(checkpoint),
+            "--task",
+            "depth",
+            "--output_dir",
+            str(taken),
+            "--num_train_scenes",
+            "2",
+            "--num_eval_scenes",
+            "1",
+            "--scene_size",
+            str(SIZE),
+        ]
+    )
     assert status == 2 and "--output_dir" in capsys.readouterr().err
     assert [p.name for p in taken.iterdir()] == ["notes.txt"]

@@ -65,10 +65,18 @@ def test_head_trains_with_the_plain_trainer(task, tmp_path):
     model = tiny_head(HEADS[task])
     data = learnable_examples(task)
     args = TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=16,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=16,
         max_steps=24 if task == "classification" else 12,  # the global token learns to pool more slowly
-        learning_rate=3e-3, warmup_steps=0, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
-        seed=0, logging_steps=4,
+        learning_rate=3e-3,
+        warmup_steps=0,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        logging_steps=4,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
     before = trainer.evaluate()["eval_loss"]

@@ -17,8 +17,13 @@ def scenes() -> datasets.Dataset:
     return generate_scenes(4, split="test", config=SceneConfig(image_size=SIZE))
 
 
-def write_layout(root: Path, scenes: datasets.Dataset, split: str = "train", modalities=("rgb", "depth", "semseg"),
-                 rgb_format: str = "jpg") -> list[str]:
+def write_layout(
+    root: Path,
+    scenes: datasets.Dataset,
+    split: str = "train",
+    modalities=("rgb", "depth", "semseg"),
+    rgb_format: str = "jpg",
+) -> list[str]:
     stems = [f"{i:04d}" for i in range(len(scenes))]
     for modality in modalities:
         (root / split / modality).mkdir(parents=True, exist_ok=True)
@@ -72,12 +77,14 @@ def write_single(tmp_path: Path, **arrays) -> None:
 @pytest.mark.parametrize(
     ("arrays", "options", "message"),
     [
-        ({"rgb": np.zeros((8, 8, 3), np.uint8), "depth": np.zeros((8, 8), np.uint16)}, {},
-         "depth map has no valid pixel"),
+        (
+            {"rgb": np.zeros((8, 8, 3), np.uint8), "depth": np.zeros((8, 8), np.uint16)},
+            {},
+            "depth map has no valid pixel",
+        ),
         ({"semseg": np.full((8, 8), 12, np.uint8)}, {"num_classes": 7}, r"class ids \[12\] outside 0..6"),
         ({"rgb": np.zeros((3, 8, 3), np.uint8)}, {"patch_size": 4}, "smaller than one 4x4 patch"),
-        ({"rgb": np.zeros((8, 8, 3), np.uint8), "semseg": np.zeros((8, 12), np.uint8)}, {},
-         "different aspect ratios"),
+        ({"rgb": np.zeros((8, 8, 3), np.uint8), "semseg": np.zeros((8, 12), np.uint8)}, {}, "different aspect ratios"),
     ],
 )
 def test_bad_examples_name_their_files(tmp_path, arrays, options, message):
@@ -115,13 +122,15 @@ def hub_style_dataset(scenes: datasets.Dataset, invalid_depth_row: int | None = 
     depth = [np.asarray(d, np.float32) / 1000 for d in scenes["depth"]]
     if invalid_depth_row is not None:
         depth[invalid_depth_row][:] = 0.0
-    return datasets.Dataset.from_dict({
-        "image": list(scenes["rgb"]),
-        "depth_map": depth,
-        "segmentation": list(scenes["semseg"]),
-        "scene_type": list(scenes["label"]),
-        "extra": ["x"] * len(scenes),
-    })
+    return datasets.Dataset.from_dict(
+        {
+            "image": list(scenes["rgb"]),
+            "depth_map": depth,
+            "segmentation": list(scenes["semseg"]),
+            "scene_type": list(scenes["label"]),
+            "extra": ["x"] * len(scenes),
+        }
+    )
 
 
 def test_mapped_dataset_renames_and_keeps_only_mapped_columns(scenes):
@@ -136,8 +145,9 @@ def test_mapped_dataset_by_path(tmp_path, scenes):
     folder = tmp_path / "nyu-like" / "data"
     folder.mkdir(parents=True)
     hub_style_dataset(scenes).to_parquet(str(folder / "train-00000-of-00001.parquet"))
-    dataset = load_mapped_dataset(str(tmp_path / "nyu-like"), {"rgb": "image", "semseg": "segmentation"},
-                                  split="train", num_classes=7)
+    dataset = load_mapped_dataset(
+        str(tmp_path / "nyu-like"), {"rgb": "image", "semseg": "segmentation"}, split="train", num_classes=7
+    )
     assert sorted(dataset.column_names) == ["id", "rgb", "semseg"] and len(dataset) == 4
     assert np.array_equal(np.asarray(dataset[3]["semseg"]), np.asarray(scenes[3]["semseg"]))
 
@@ -177,7 +187,11 @@ def test_mapped_dataset_from_a_hub_repo(local_hub, monkeypatch, tmp_path, scenes
     api = HfApi(token=DEFAULT_TOKEN)
     api.create_repo(repo_id, repo_type="dataset")
     api.upload_folder(folder_path=str(tmp_path), repo_id=repo_id, repo_type="dataset")
-    dataset = load_mapped_dataset(repo_id, {"rgb": "image", "depth": "depth_map", "label": "scene_type"},
-                                  split="train", cache_dir=str(tmp_path / "cache"))
+    dataset = load_mapped_dataset(
+        repo_id,
+        {"rgb": "image", "depth": "depth_map", "label": "scene_type"},
+        split="train",
+        cache_dir=str(tmp_path / "cache"),
+    )
     assert sorted(dataset.column_names) == ["depth", "id", "label", "rgb"] and dataset["label"] == scenes["label"]
     assert np.allclose(np.asarray(dataset[0]["depth"]), np.asarray(scenes[0]["depth"]) / 1000, atol=1e-6)

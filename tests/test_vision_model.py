@@ -324,9 +324,18 @@ class _Examples(torch.utils.data.Dataset):
 def test_minimax_trainer_trains_multimae_and_logs_task_losses(modalities, tmp_path):
     model = tiny_model().train()
     args = MinimaxTrainingArguments(
-        output_dir=str(tmp_path), task_names=model.config.task_names, weighting="minimax",
-        per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no",
-        report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
+        output_dir=str(tmp_path),
+        task_names=model.config.task_names,
+        weighting="minimax",
+        per_device_train_batch_size=4,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        remove_unused_columns=False,
     )
     data = _Examples(random_batch(batch=8, modalities=modalities))
     trainer = MinimaxTrainer(model=model, args=args, train_dataset=data)
@@ -373,7 +382,11 @@ def test_plain_trainer_evaluates_and_predicts(tmp_path):
     model = tiny_model()
     batch = random_batch(batch=6)
     args = TrainingArguments(
-        output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to=[], use_cpu=True, disable_tqdm=True,
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
         remove_unused_columns=False,
     )
     trainer = Trainer(model=model, args=args, eval_dataset=_Examples(batch))
@@ -384,7 +397,9 @@ def test_plain_trainer_evaluates_and_predicts(tmp_path):
     assert trainer.evaluate()["eval_loss"] == pytest.approx(expected, rel=1e-5)
     predictions = trainer.predict(_Examples(batch)).predictions
     assert {k: v.shape for k, v in predictions.items()} == {
-        "rgb": (6, 3, IMAGE, IMAGE), "depth": (6, 1, IMAGE, IMAGE), "semseg": (6, NUM_CLASSES, IMAGE, IMAGE)
+        "rgb": (6, 3, IMAGE, IMAGE),
+        "depth": (6, 1, IMAGE, IMAGE),
+        "semseg": (6, NUM_CLASSES, IMAGE, IMAGE),
     }
     assert predictions["depth"][4:] == pytest.approx(second.predictions["depth"].numpy(), abs=1e-5)
 

@@ -51,8 +51,12 @@ def test_crop_and_flip_move_the_marker_identically_in_all_modalities(depth_scale
         masks = marker_masks(out)
         if masks["semseg"].sum() < 4 or masks["semseg"].shape != (OUT, OUT):
             continue
-        fully_inside = (left * WIDTH <= MARKER[0] and right * WIDTH >= MARKER[0] + MARKER[2]
-                        and top * HEIGHT <= MARKER[1] and bottom * HEIGHT >= MARKER[1] + MARKER[2])
+        fully_inside = (
+            left * WIDTH <= MARKER[0]
+            and right * WIDTH >= MARKER[0] + MARKER[2]
+            and top * HEIGHT <= MARKER[1]
+            and bottom * HEIGHT >= MARKER[1] + MARKER[2]
+        )
         centres = {name: centroid(mask) for name, mask in masks.items()}
         assert np.abs(centres["rgb"] - centres["semseg"]).max() < 0.75
         assert np.abs(centres["depth"] - centres["semseg"]).max() < 0.75 * depth_scale
@@ -129,7 +133,8 @@ def test_class_maps_use_nearest_neighbour():
     classes = np.zeros((30, 30), np.uint8)
     classes[:, 10:20], classes[:, 20:] = 7, 200
     out = MultiMAEImageProcessor(size=13, ignore_index=200).process_example(
-        {"semseg": Image.fromarray(classes)}, train=True, rng=np.random.default_rng(0))["semseg"]
+        {"semseg": Image.fromarray(classes)}, train=True, rng=np.random.default_rng(0)
+    )["semseg"]
     assert out.dtype == np.int64 and set(np.unique(out)) <= {0, 7, 200}
 
 
@@ -150,8 +155,12 @@ def test_batch_call_returns_stacked_tensors():
 
     examples = [marked_example() for _ in range(3)]
     processor = MultiMAEImageProcessor(size=OUT)
-    out = processor([e["rgb"] for e in examples], depth=[e["depth"] for e in examples],
-                    train=True, generators=[np.random.default_rng(i) for i in range(3)])
+    out = processor(
+        [e["rgb"] for e in examples],
+        depth=[e["depth"] for e in examples],
+        train=True,
+        generators=[np.random.default_rng(i) for i in range(3)],
+    )
     assert set(out) == {"rgb", "depth"}
     assert out["rgb"].shape == (3, 3, OUT, OUT) and out["rgb"].dtype == torch.float32
     assert out["depth"].shape == (3, 1, OUT, OUT)
@@ -160,8 +169,9 @@ def test_batch_call_returns_stacked_tensors():
 
 
 def test_saved_as_preprocessor_config_and_loaded_by_auto_class(tmp_path):
-    processor = MultiMAEImageProcessor(size={"height": 32, "width": 48}, crop_scale=(0.3, 0.9), depth_scale=5000,
-                                       num_classes=13, ignore_index=0)
+    processor = MultiMAEImageProcessor(
+        size={"height": 32, "width": 48}, crop_scale=(0.3, 0.9), depth_scale=5000, num_classes=13, ignore_index=0
+    )
     processor.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
     assert saved["image_processor_type"] == "MultiMAEImageProcessor" and saved["depth_scale"] == 5000
@@ -175,7 +185,13 @@ def test_saved_as_preprocessor_config_and_loaded_by_auto_class(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [
-        "MultiMAEImageProcessor", {"height": 32, "width": 48}, [0.3, 0.9], 5000.0, 13, 0]
+        "MultiMAEImageProcessor",
+        {"height": 32, "width": 48},
+        [0.3, 0.9],
+        5000.0,
+        13,
+        0,
+    ]
     assert MultiMAEImageProcessor.from_pretrained(tmp_path).to_dict() == processor.to_dict()
 
 
@@ -202,8 +218,11 @@ def test_dataset_transform_is_keyed_by_id_and_epoch():
 @pytest.mark.parametrize(
     ("example", "options", "message"),
     [
-        ({"rgb": np.zeros((36, 48, 3), np.uint8), "semseg": np.zeros((48, 36), np.uint8)}, {},
-         "different aspect ratios"),
+        (
+            {"rgb": np.zeros((36, 48, 3), np.uint8), "semseg": np.zeros((48, 36), np.uint8)},
+            {},
+            "different aspect ratios",
+        ),
         ({"semseg": np.full((8, 8), 9, np.uint8)}, {"num_classes": 5}, r"class ids \[9\] outside 0..4"),
         ({"depth": np.zeros((8, 8), np.uint16)}, {}, "depth map has no valid pixel"),
         ({"depth": Image.new("L", (8, 8), 3)}, {}, "depth image has mode 'L'"),
@@ -223,9 +242,13 @@ def test_bad_examples_are_reported_by_name(example, options, message):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"crop_scale": (0.0, 1.0)}, "crop_scale"), ({"crop_ratio": (2.0, 1.0)}, "crop_ratio"),
-     ({"flip_probability": 2.0}, "flip_probability"), ({"depth_scale": 0}, "depth_scale"),
-     ({"num_classes": 0}, "num_classes")],
+    [
+        ({"crop_scale": (0.0, 1.0)}, "crop_scale"),
+        ({"crop_ratio": (2.0, 1.0)}, "crop_ratio"),
+        ({"flip_probability": 2.0}, "flip_probability"),
+        ({"depth_scale": 0}, "depth_scale"),
+        ({"num_classes": 0}, "num_classes"),
+    ],
 )
 def test_bad_settings_are_reported(options, message):
     with pytest.raises(ValueError, match=message):

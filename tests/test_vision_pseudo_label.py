@@ -27,21 +27,42 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     """Randomly initialised DPT (metric depth around 2 m) and SegFormer, saved with their image processors."""
     root = tmp_path_factory.mktemp("models")
     torch.manual_seed(0)
-    dpt = DPTForDepthEstimation(DPTConfig(
-        hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32, image_size=32, patch_size=8,
-        neck_hidden_sizes=[8, 8, 16, 16], fusion_hidden_size=16, backbone_out_indices=[0, 1, 2, 3], head_hidden_size=8,
-    ))
+    dpt = DPTForDepthEstimation(
+        DPTConfig(
+            hidden_size=16,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            intermediate_size=32,
+            image_size=32,
+            patch_size=8,
+            neck_hidden_sizes=[8, 8, 16, 16],
+            fusion_hidden_size=16,
+            backbone_out_indices=[0, 1, 2, 3],
+            head_hidden_size=8,
+        )
+    )
     with torch.no_grad():
         last = dpt.head.head[-2]  # the final convolution, before the ReLU
         last.weight.normal_(0.0, 0.5)
         last.bias.fill_(2.0)
     dpt.save_pretrained(root / "dpt")
     DPTImageProcessorPil(size={"height": 32, "width": 32}, keep_aspect_ratio=False).save_pretrained(root / "dpt")
-    segformer = SegformerForSemanticSegmentation(SegformerConfig(
-        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3], strides=[4, 2],
-        num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=16, num_labels=NUM_LABELS,
-        id2label={i: f"class{i}" for i in range(NUM_LABELS)}, label2id={f"class{i}": i for i in range(NUM_LABELS)},
-    ))
+    segformer = SegformerForSemanticSegmentation(
+        SegformerConfig(
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            sr_ratios=[2, 1],
+            hidden_sizes=[8, 16],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            num_attention_heads=[1, 2],
+            mlp_ratios=[2, 2],
+            decoder_hidden_size=16,
+            num_labels=NUM_LABELS,
+            id2label={i: f"class{i}" for i in range(NUM_LABELS)},
+            label2id={f"class{i}": i for i in range(NUM_LABELS)},
+        )
+    )
     segformer.save_pretrained(root / "segformer")
     SegformerImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(root / "segformer")
     return {"depth": str(root / "dpt"), "segmentation": str(root / "segformer")}
@@ -84,8 +105,20 @@ def test_folder_layout_in_folder_layout_out(tmp_path, tiny_models):
     for index, image in enumerate(images):
         image.save(source / "train" / "rgb" / f"img{index}.jpg", quality=90)
     output = tmp_path / "labelled"
-    status = main(["--dataset", str(source), "--output_dir", str(output), "--depth_model", tiny_models["depth"],
-                   "--segmentation_model", tiny_models["segmentation"], "--batch_size", "2"])
+    status = main(
+        [
+            "--dataset",
+            str(source),
+            "--output_dir",
+            str(output),
+            "--depth_model",
+            tiny_models["depth"],
+            "--segmentation_model",
+            tiny_models["segmentation"],
+            "--batch_size",
+            "2",
+        ]
+    )
     assert status == 0
     split = output / "train"
     assert sorted(p.name for p in (split / "rgb").iterdir()) == ["img0.jpg", "img1.jpg", "img2.jpg"]
@@ -93,8 +126,12 @@ def test_folder_layout_in_folder_layout_out(tmp_path, tiny_models):
     for index in range(3):
         expected = expected_labels(tiny_models, Image.open(source / "train" / "rgb" / f"img{index}.jpg"))
         assert 1.0 < expected[0].mean() < 3.0  # metric depth around 2 m
-        assert_close_labels(Image.open(split / "depth" / f"img{index}.png"),
-                            Image.open(split / "semseg" / f"img{index}.png"), expected, 1000)
+        assert_close_labels(
+            Image.open(split / "depth" / f"img{index}.png"),
+            Image.open(split / "semseg" / f"img{index}.png"),
+            expected,
+            1000,
+        )
     assert len(np.unique(np.asarray(Image.open(split / "semseg" / "img0.png")))) > 1
     dataset = load_image_folder(output, "train", num_classes=NUM_LABELS)
     assert dataset.column_names == ["id", "rgb", "depth", "semseg"] and len(dataset) == 3
@@ -108,11 +145,27 @@ def test_dataset_in_parquet_dataset_out(tmp_path, tiny_models, capsys):
     (source / "data").mkdir(parents=True)
     images = rgb_images(2)
     datasets.Dataset.from_dict({"picture": images, "name": ["a", "b"]}).to_parquet(
-        str(source / "data" / "test-00000-of-00001.parquet"))
+        str(source / "data" / "test-00000-of-00001.parquet")
+    )
     output = tmp_path / "out"
-    arguments = ["--dataset", str(source), "--split", "test", "--rgb_column", "picture", "--id_column", "name",
-                 "--output_dir", str(output), "--depth_model", tiny_models["depth"], "--output_format", "dataset",
-                 "--depth_scale", "5000"]
+    arguments = [
+        "--dataset",
+        str(source),
+        "--split",
+        "test",
+        "--rgb_column",
+        "picture",
+        "--id_column",
+        "name",
+        "--output_dir",
+        str(output),
+        "--depth_model",
+        tiny_models["depth"],
+        "--output_format",
+        "dataset",
+        "--depth_scale",
+        "5000",
+    ]
     assert main(arguments) == 0
     written = output / "data" / "test-00000-of-00001.parquet"
     assert written.is_file() and [p.name for p in (output / "data").iterdir()] == [written.name]
@@ -129,8 +182,9 @@ def test_dataset_in_parquet_dataset_out(tmp_path, tiny_models, capsys):
 
 def test_a_failed_write_leaves_nothing(tmp_path):
     images = rgb_images(3)
-    labelled = datasets.Dataset.from_dict({"id": ["a", "b", "c"], "rgb": images,
-                                           "depth": [Image.fromarray(np.ones((4, 4), np.uint16))] * 2 + [None]})
+    labelled = datasets.Dataset.from_dict(
+        {"id": ["a", "b", "c"], "rgb": images, "depth": [Image.fromarray(np.ones((4, 4), np.uint16))] * 2 + [None]}
+    )
     with pytest.raises(AttributeError):
         write_folder_layout(labelled, tmp_path, "train")
     assert list(tmp_path.iterdir()) == []
@@ -145,8 +199,11 @@ def test_depth_and_class_conversions():
     masks = [np.zeros((2, 3), np.uint8) for _ in range(2)]
     masks[0][:, :1], masks[1][:, 1:] = 255, 255
     label2id = {"wall": 0, "chair": 300}
-    image = segments_to_class_map([{"label": "wall", "mask": Image.fromarray(masks[0])},
-                                   {"label": "chair", "mask": Image.fromarray(masks[1])}], label2id, (3, 2))
+    image = segments_to_class_map(
+        [{"label": "wall", "mask": Image.fromarray(masks[0])}, {"label": "chair", "mask": Image.fromarray(masks[1])}],
+        label2id,
+        (3, 2),
+    )
     assert image.mode == "I;16" and np.asarray(image).tolist() == [[0, 300, 300], [0, 300, 300]]
 
 

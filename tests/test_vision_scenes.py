@@ -39,15 +39,24 @@ def world_points(depth: np.ndarray, pitch: float, size: int, fov_degrees: float)
     rows, cols = np.mgrid[0:size, 0:size] + 0.5
     x_cam, y_cam = (cols - size / 2) / focal * depth, -(rows - size / 2) / focal * depth
     # The camera pitched down by `pitch`: its optical axis is (0, -sin, cos), its up vector (0, cos, sin).
-    return np.stack([x_cam, y_cam * math.cos(pitch) - depth * math.sin(pitch),
-                     y_cam * math.sin(pitch) + depth * math.cos(pitch)], axis=-1)
+    return np.stack(
+        [x_cam, y_cam * math.cos(pitch) - depth * math.sin(pitch), y_cam * math.sin(pitch) + depth * math.cos(pitch)],
+        axis=-1,
+    )
 
 
 def single_sphere_scene(pitch: float = 0.0) -> Scene:
     sphere = Primitive(SPHERE, np.array([0.4, -1.5 + 0.5, 3.0]), (0.5,), plain([0.8, 0.2, 0.2]))
-    return Scene(camera_height=1.5, pitch=pitch, room_depth=6.0, room_half_width=3.0,
-                 light=np.array([0.0, 1.0, 0.0]), floor=plain([0.5, 0.5, 0.5]), wall=plain([0.3, 0.6, 0.9]),
-                 objects=[sphere])
+    return Scene(
+        camera_height=1.5,
+        pitch=pitch,
+        room_depth=6.0,
+        room_half_width=3.0,
+        light=np.array([0.0, 1.0, 0.0]),
+        floor=plain([0.5, 0.5, 0.5]),
+        wall=plain([0.3, 0.6, 0.9]),
+        objects=[sphere],
+    )
 
 
 def test_sphere_pixels_have_the_analytic_depth_and_class():
@@ -96,7 +105,7 @@ def test_every_pixel_lies_on_the_surface_its_class_names(index):
     floorlike = (classes == FLOOR) | (classes == RUG)
     assert np.allclose(y[floorlike], -scene.camera_height, atol=1e-4)  # the floor plane
     walls = (classes == WALL) | (classes == PICTURE)
-    on_a_wall = (np.isclose(z, scene.room_depth, atol=1e-4) | np.isclose(np.abs(x), scene.room_half_width, atol=1e-4))
+    on_a_wall = np.isclose(z, scene.room_depth, atol=1e-4) | np.isclose(np.abs(x), scene.room_half_width, atol=1e-4)
     assert on_a_wall[walls].all()
     on_object = np.zeros_like(classes, dtype=bool)
     for obj in scene.objects:
@@ -112,8 +121,14 @@ def test_every_pixel_lies_on_the_surface_its_class_names(index):
         else:
             cos, sin = math.cos(obj.yaw), math.sin(obj.yaw)
             offset = points - obj.center
-            local = np.stack([cos * offset[..., 0] - sin * offset[..., 2], offset[..., 1],
-                              sin * offset[..., 0] + cos * offset[..., 2]], axis=-1) / np.asarray(obj.size)
+            local = np.stack(
+                [
+                    cos * offset[..., 0] - sin * offset[..., 2],
+                    offset[..., 1],
+                    sin * offset[..., 0] + cos * offset[..., 2],
+                ],
+                axis=-1,
+            ) / np.asarray(obj.size)
             surface = np.isclose(np.abs(local).max(axis=-1), 1.0, atol=1e-4)
         on_object |= surface & (classes == obj.kind)
     objects = np.isin(classes, [BOX, SPHERE, CYLINDER])
@@ -124,8 +139,10 @@ def test_every_pixel_lies_on_the_surface_its_class_names(index):
 def test_distractors_change_the_class_but_not_the_depth():
     scene = single_sphere_scene()
     plain_render = render_scene(scene, CONFIG)
-    scene.decals = [Decal(RUG, np.array([-0.8, 2.5]), (0.5,), plain([0.9, 0.1, 0.9])),
-                    Decal(PICTURE, np.array([0.0, 0.8]), (0.6, 0.3), plain([0.1, 0.9, 0.1]))]
+    scene.decals = [
+        Decal(RUG, np.array([-0.8, 2.5]), (0.5,), plain([0.9, 0.1, 0.9])),
+        Decal(PICTURE, np.array([0.0, 0.8]), (0.6, 0.3), plain([0.1, 0.9, 0.1])),
+    ]
     with_decals = render_scene(scene, CONFIG)
     assert np.array_equal(plain_render.depth, with_decals.depth)
     assert (with_decals.semseg == RUG).sum() > 10 and (with_decals.semseg == PICTURE).sum() > 10
@@ -155,11 +172,13 @@ def test_dataset_columns_labels_and_deterministic_fingerprint():
 
 def test_splits_hold_different_scenes():
     config = SceneConfig(image_size=16)
-    images = {split: {np.asarray(r["depth"]).tobytes() for r in generate_scenes(8, split=split, config=config)}
-              for split in ("train", "test", "downstream_train", "downstream_test")}
+    images = {
+        split: {np.asarray(r["depth"]).tobytes() for r in generate_scenes(8, split=split, config=config)}
+        for split in ("train", "test", "downstream_train", "downstream_test")
+    }
     assert all(len(v) == 8 for v in images.values())
     splits = list(images)
-    assert all(not images[a] & images[b] for i, a in enumerate(splits) for b in splits[i + 1:])
+    assert all(not images[a] & images[b] for i, a in enumerate(splits) for b in splits[i + 1 :])
 
 
 def test_rgb_is_the_modality_with_most_subpatch_detail():
@@ -167,8 +186,10 @@ def test_rgb_is_the_modality_with_most_subpatch_detail():
     rgb = np.stack([r.rgb for r in rendered])
     depth = np.stack([r.depth for r in rendered])[..., None]
     semseg = np.eye(NUM_CLASSES)[np.stack([r.semseg for r in rendered])]
-    fractions = {name: subpatch_variance_fraction(images, 8) for name, images in
-                 (("rgb", rgb), ("depth", depth), ("semseg", semseg))}
+    fractions = {
+        name: subpatch_variance_fraction(images, 8)
+        for name, images in (("rgb", rgb), ("depth", depth), ("semseg", semseg))
+    }
     assert fractions["rgb"] > 1.5 * fractions["semseg"] and fractions["semseg"] > 1.5 * fractions["depth"]
     constant = np.ones((2, 8, 8, 1)) * np.arange(2)[:, None, None, None]
     assert subpatch_variance_fraction(constant, 4) == 0.0

@@ -40,8 +40,14 @@ def tiny_bert(seed: int = 0, dropout: float = 0.0, untie_mlm_bias: bool = False)
     FSDP2 wrapping refuses the parameter that ``cls.predictions.bias`` and ``cls.predictions.decoder.bias`` share)."""
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=SEQ, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     model = BertForMaskedLM(config)
     if untie_mlm_bias:
@@ -164,13 +170,26 @@ def main() -> None:
     parser.add_argument("--compile_backend", help="train with torch_compile=True and this torch_compile_backend")
     cli = parser.parse_args()
     args = MinimaxTrainingArguments(
-        output_dir=cli.out, task_names=TASKS, weighting=cli.weighting, loss_ema=cli.loss_ema,
-        per_device_train_batch_size=cli.batch_size, per_device_eval_batch_size=cli.batch_size,
+        output_dir=cli.out,
+        task_names=TASKS,
+        weighting=cli.weighting,
+        loss_ema=cli.loss_ema,
+        per_device_train_batch_size=cli.batch_size,
+        per_device_eval_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,
-        max_steps=cli.max_steps, learning_rate=1e-3, max_grad_norm=0.0, logging_steps=cli.logging_steps,
-        save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
-        torch_compile=cli.compile_backend is not None, torch_compile_backend=cli.compile_backend,
-        report_to=[], use_cpu=not cli.gpu, seed=7, data_seed=7, disable_tqdm=True,
+        max_steps=cli.max_steps,
+        learning_rate=1e-3,
+        max_grad_norm=0.0,
+        logging_steps=cli.logging_steps,
+        save_strategy="steps" if cli.save_steps else "no",
+        save_steps=cli.save_steps or 500,
+        torch_compile=cli.compile_backend is not None,
+        torch_compile_backend=cli.compile_backend,
+        report_to=[],
+        use_cpu=not cli.gpu,
+        seed=7,
+        data_seed=7,
+        disable_tqdm=True,
     )
     os.makedirs(cli.out, exist_ok=True)  # also where this process is not the main one (another node's folder)
     if cli.eval_examples:

@@ -78,11 +78,15 @@ class TaskGroupedMLMCollator:
             raise ValueError(f"mode must be 'per_token' or 'per_example', got {self.mode!r}")
         if not 0.0 <= self.mlm_probability <= 1.0:
             raise ValueError(f"mlm_probability must be in [0, 1], got {self.mlm_probability}")
-        if not (0.0 <= self.mask_replace_prob and 0.0 <= self.random_replace_prob
-                and self.mask_replace_prob + self.random_replace_prob <= 1.0):
+        if not (
+            0.0 <= self.mask_replace_prob
+            and 0.0 <= self.random_replace_prob
+            and self.mask_replace_prob + self.random_replace_prob <= 1.0
+        ):
             raise ValueError("mask_replace_prob and random_replace_prob must be >= 0 and sum to at most 1")
-        if self.task_schedule is not None and (self.mode != "per_example"
-                                                or self.task_schedule.num_tasks != self.num_tasks):
+        if self.task_schedule is not None and (
+            self.mode != "per_example" or self.task_schedule.num_tasks != self.num_tasks
+        ):
             raise ValueError(
                 f"a task_schedule (task-weighted sampling) needs mode='per_example' and {self.num_tasks} tasks, got "
                 f"mode={self.mode!r} and {self.task_schedule.num_tasks} tasks"
@@ -153,8 +157,11 @@ class TaskGroupedMLMCollator:
 
         def column(name: str, pad_value: int) -> torch.Tensor:
             values = [f[name] for f in features]
-            flat = torch.cat([torch.as_tensor(v) for v in values]) if isinstance(values[0], torch.Tensor) else \
-                torch.tensor(list(chain.from_iterable(values)), dtype=torch.long)
+            flat = (
+                torch.cat([torch.as_tensor(v) for v in values])
+                if isinstance(values[0], torch.Tensor)
+                else torch.tensor(list(chain.from_iterable(values)), dtype=torch.long)
+            )
             out = torch.full((len(features), length), pad_value, dtype=torch.long)
             out[filled] = flat.long()
             return out
@@ -164,8 +171,13 @@ class TaskGroupedMLMCollator:
         if special is None:
             special = word_ids < 0
         attention_mask = column("attention_mask", 0) if "attention_mask" in features[0] else filled.long()
-        return (column("input_ids", self.tokenizer.pad_token_id), attention_mask, special, word_ids,
-                column("token_task_ids", -1))
+        return (
+            column("input_ids", self.tokenizer.pad_token_id),
+            attention_mask,
+            special,
+            word_ids,
+            column("token_task_ids", -1),
+        )
 
     def _word_table(self, word_ids: torch.Tensor, values: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-word values ``(batch, n_words)`` from per-token ``values``, and token -> word-column indices.
@@ -194,8 +206,9 @@ class TaskGroupedMLMCollator:
         if self.task_schedule is None:
             assigned = self.assign_tasks(word_tasks, generator)
         else:
-            assigned = draw_tasks(self._present_tasks(word_tasks), self.task_schedule.next_batch_weights()[1],
-                                  generator)
+            assigned = draw_tasks(
+                self._present_tasks(word_tasks), self.task_schedule.next_batch_weights()[1], generator
+            )
         eligible = (word_tasks == assigned[:, None]) & (assigned[:, None] >= 0)
         word_lengths = torch.zeros(word_tasks.shape, dtype=torch.long)
         word_lengths.scatter_add_(1, columns, torch.ones_like(columns))
@@ -257,4 +270,3 @@ class TaskGroupedMLMCollator:
                 coverage[task] += 1
                 assigned[sequence] = task
         return torch.tensor(assigned, dtype=torch.long)
-

@@ -63,7 +63,7 @@ def resolve_ud_dir(ud_dir: str | Path | None = None) -> Path:
 def _download_from_hub(reference: str) -> Path:
     from huggingface_hub import snapshot_download
 
-    parts = reference[len(HUB_PREFIX):].strip("/").split("/")
+    parts = reference[len(HUB_PREFIX) :].strip("/").split("/")
     if len(parts) < 2 or not all(parts[:2]):
         raise ValueError(f"expected {HUB_PREFIX}<owner>/<name>[@<revision>][/<folder>], got {reference!r}")
     name, _, revision = parts[1].partition("@")

@@ -96,8 +96,13 @@ WORD_ATTRIBUTES = (
     "lower_prefix2", "lower_prefix3", "norm_suffix3", "suffix2_lower",
 )  # fmt: skip
 """What :meth:`Featurizer.attributes` computes for a word, in this order."""
-_NEIGHBOUR_TEMPLATES = (("word", "norm"), ("suffix", "norm_suffix3"), ("shape", "shape"),
-                        ("suffix2", "suffix2_lower"), ("amb", "ambiguity"))
+_NEIGHBOUR_TEMPLATES = (
+    ("word", "norm"),
+    ("suffix", "norm_suffix3"),
+    ("shape", "shape"),
+    ("suffix2", "suffix2_lower"),
+    ("amb", "ambiguity"),
+)
 OFFSET_TEMPLATES: dict[int, tuple[tuple[str, str], ...]] = {
     -2: (("i-2 word", "norm"),),
     -1: tuple((f"i-1 {name}", attribute) for name, attribute in _NEIGHBOUR_TEMPLATES),
@@ -128,8 +133,20 @@ class Featurizer:
             norm = normalize_word(word)
             shape = word_shape(word)
             ambiguity = self.lexicon.get(norm, "?")
-        return (norm, shape, ambiguity, word[-3:], word[:1], lower[-2:], lower[-1:], lower[-4:], lower[:2], lower[:3],
-                norm[-3:], word[-2:].lower())
+        return (
+            norm,
+            shape,
+            ambiguity,
+            word[-3:],
+            word[:1],
+            lower[-2:],
+            lower[-1:],
+            lower[-4:],
+            lower[:2],
+            lower[:3],
+            norm[-3:],
+            word[-2:].lower(),
+        )
 
     def offset_features(self, word: str, offset: int) -> list[str]:
         """Features the word contributes when it sits ``offset`` positions from the word being tagged."""
@@ -284,11 +301,11 @@ class VectorizedPerceptron:
         tag_word_keys, bigram_keys = [], []
         for feature, row in self._feature_row.items():
             if feature.startswith("i-1 tag+i word "):
-                state, norm = feature[len("i-1 tag+i word "):].split(" ", 1)
+                state, norm = feature[len("i-1 tag+i word ") :].split(" ", 1)
                 tag_word_keys.append((state_index[state], self._word_number(norm), row))
             for template, (name, _) in enumerate(PAIR_TEMPLATES):
                 if feature.startswith(name + " "):
-                    left, right = feature[len(name) + 1:].split(PAIR_SEPARATOR)
+                    left, right = feature[len(name) + 1 :].split(PAIR_SEPARATOR)
                     bigram_keys.append((template, self._word_number(left), self._word_number(right), row))
         self._n_words = max(len(self._word_id), 1)
         # "i-1 tag+i word" as a dense (word slot, previous state) table over the words that have such features;
@@ -448,7 +465,7 @@ class VectorizedPerceptron:
         """Tag strings for each word of each sentence."""
         flat = self.tag_flat(sentences)
         ends = np.cumsum([len(s) for s in sentences]).tolist()
-        return [flat[end - len(words):end] for words, end in zip(sentences, ends, strict=True)]
+        return [flat[end - len(words) : end] for words, end in zip(sentences, ends, strict=True)]
 
 
 def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:

@@ -226,13 +226,22 @@ def tokenize_and_tag(
     map_options = {"batched": True, "batch_size": batch_size, "features": FEATURES}
     if isinstance(dataset, IterableDataset):
         if column_names is None:  # undeclared columns (from_generator): check the text column as rows arrive
-            dataset = dataset.map(_require_column, batched=True, batch_size=batch_size,
-                                  fn_kwargs={"column": text_column})
+            dataset = dataset.map(
+                _require_column, batched=True, batch_size=batch_size, fn_kwargs={"column": text_column}
+            )
         # keep only the text, so that no other column leaks into the rows or breaks packing
         tokenized = dataset.select_columns([text_column]).map(tokenize, remove_columns=[text_column], **map_options)
         return tokenized.map(pack_blocks, **map_options) if pack else tokenized
-    settings = [_TRANSFORM_VERSION, _tokenizer_fingerprint(tokenizer), spec.to_dict(), tagger.fingerprint, text_column,
-                max_seq_length, pack, batch_size]
+    settings = [
+        _TRANSFORM_VERSION,
+        _tokenizer_fingerprint(tokenizer),
+        spec.to_dict(),
+        tagger.fingerprint,
+        text_column,
+        max_seq_length,
+        pack,
+        batch_size,
+    ]
     tokenized = dataset.map(
         tokenize,
         remove_columns=column_names,

@@ -75,7 +75,7 @@ class ShippedTagger:
         tagged = []
         offset = 0
         for text_spans in spans:
-            text_tags = tags[offset:offset + len(text_spans)]
+            text_tags = tags[offset : offset + len(text_spans)]
             offset += len(text_spans)
             tagged.append([(start, end, tag) for (start, end), tag in zip(text_spans, text_tags, strict=True)])
         return tagged

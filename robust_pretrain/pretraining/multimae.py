@@ -183,8 +183,11 @@ class DataArguments:
     def mapping(self) -> dict[str, str]:
         """``--column_mapping`` as {target: column}."""
         pairs = [item.partition("=") for item in self.column_mapping]
-        bad = [item for item, (target, sep, column) in zip(self.column_mapping, pairs, strict=True)
-               if not (target and sep and column)]
+        bad = [
+            item
+            for item, (target, sep, column) in zip(self.column_mapping, pairs, strict=True)
+            if not (target and sep and column)
+        ]
         if bad:
             raise UsageError(f"--column_mapping entries look like target=column, got {bad}")
         return {target: column for target, _, column in pairs}
@@ -232,19 +235,28 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
     smaller than one patch is refused, naming the file or row."""
     from robust_pretrain.vision import loaders, scenes
 
-    checks = dict(ignore_index=model_args.semseg_ignore_index, num_classes=num_classes,
-                  depth_scale=data_args.depth_scale, patch_size=model_args.patch_size)
+    checks = dict(
+        ignore_index=model_args.semseg_ignore_index,
+        num_classes=num_classes,
+        depth_scale=data_args.depth_scale,
+        patch_size=model_args.patch_size,
+    )
     if data_args.image_folder is not None:
         root = Path(data_args.image_folder)
         if not (root / data_args.train_split).is_dir():
-            raise UsageError(f"--image_folder {root}: no {data_args.train_split}/ folder (expected "
-                             f"{root}/{data_args.train_split}/{{rgb,depth,semseg}}/<id>.<ext>)")
+            raise UsageError(
+                f"--image_folder {root}: no {data_args.train_split}/ folder (expected "
+                f"{root}/{data_args.train_split}/{{rgb,depth,semseg}}/<id>.<ext>)"
+            )
         splits = sorted(p.name for p in root.iterdir() if p.is_dir())
         held_out = _held_out_split(splits, data_args)
         try:
             train = loaders.load_image_folder(root, data_args.train_split, modalities=model_args.modalities, **checks)
-            evaluation = None if held_out is None else loaders.load_image_folder(
-                root, held_out, modalities=model_args.modalities, **checks)
+            evaluation = (
+                None
+                if held_out is None
+                else loaders.load_image_folder(root, held_out, modalities=model_args.modalities, **checks)
+            )
         except (ValueError, FileNotFoundError) as err:
             raise UsageError(f"--image_folder {root}: {err}") from err
     elif data_args.dataset_name is not None:
@@ -256,8 +268,10 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
             raise UsageError(f"--dataset_name {data_args.dataset_name}: {err}") from err
         held_out = _held_out_split(list(raw), data_args)
         if data_args.train_split not in raw:
-            raise UsageError(f"--dataset_name {data_args.dataset_name} has no split {data_args.train_split!r} "
-                             f"(splits: {list(raw)}); set --train_split")
+            raise UsageError(
+                f"--dataset_name {data_args.dataset_name} has no split {data_args.train_split!r} "
+                f"(splits: {list(raw)}); set --train_split"
+            )
         # without --column_mapping: the columns named after the modalities (a missing one is an absent task) and id
         columns = raw[data_args.train_split].column_names
         mapping = data_args.mapping() or {t: t for t in (*model_args.modalities, "id") if t in columns}
@@ -286,8 +300,9 @@ def training_data_card(data_args: DataArguments, train_size: int, eval_size: int
     if data_args.dataset_name is not None or data_args.image_folder is not None:
         kind = "image folder" if data_args.image_folder else "local dataset"
         name = Path(data_args.image_folder or data_args.dataset_name).resolve().name
-        return TrainingData(f"The {kind} `{name}` ({train_size} training and {eval_size} held-out images; see its "
-                            "own license).")
+        return TrainingData(
+            f"The {kind} `{name}` ({train_size} training and {eval_size} held-out images; see its own license)."
+        )
     from robust_pretrain.vision import scenes
 
     return TrainingData(
@@ -323,8 +338,9 @@ def modality_specs(model_args: ModelArguments, num_classes: int | None) -> list[
         if name == "semseg":
             if num_classes is None:
                 raise UsageError("--num_semseg_classes: the semseg modality needs the number of classes of the data")
-            specs.append(ModalitySpec(name, "semseg", num_classes=num_classes,
-                                      ignore_index=model_args.semseg_ignore_index))
+            specs.append(
+                ModalitySpec(name, "semseg", num_classes=num_classes, ignore_index=model_args.semseg_ignore_index)
+            )
         else:
             specs.append(ModalitySpec(name, name))
     return specs
@@ -337,8 +353,10 @@ def load_model(model_args: ModelArguments, num_classes: int | None):
         except (OSError, ValueError) as err:
             raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {err}") from err
         if getattr(model.config, "model_type", None) != MultiMAEConfig.model_type:
-            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path} is a {model.config.model_type} "
-                             "checkpoint, not MM-MAE (model_type multimae)")
+            raise UsageError(
+                f"--model_name_or_path {model_args.model_name_or_path} is a {model.config.model_type} "
+                "checkpoint, not MM-MAE (model_type multimae)"
+            )
         return model
     layers, hidden, heads, intermediate, dec_hidden, dec_layers, dec_heads, dec_intermediate = MODEL_SIZES[
         model_args.model_size
@@ -432,8 +450,9 @@ def _style(spec: ModalitySpec, image: np.ndarray) -> dict[str, Any]:
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         return dict(cmap=plt.get_cmap("viridis").with_extremes(bad="white"), vmin=low, vmax=high)
     if spec.kind == "semseg":
-        return dict(cmap=plt.get_cmap("tab20").with_extremes(bad="white"), vmin=-0.5, vmax=19.5,
-                    interpolation="nearest")
+        return dict(
+            cmap=plt.get_cmap("tab20").with_extremes(bad="white"), vmin=-0.5, vmax=19.5, interpolation="nearest"
+        )
     return {}
 
 
@@ -455,8 +474,9 @@ def plot_reconstructions(model, batch: dict[str, torch.Tensor], ids: list[str], 
         outputs = [model(**{k: v[i : i + 1] for k, v in batch.items()}) for i in range(len(ids))]
     rows = [(i, spec) for i in range(len(ids)) for spec in present]
     titles = ("input", "masked input", "prediction", "prediction + visible", "target")
-    fig, axes = plt.subplots(len(rows), len(titles), figsize=(1.75 * len(titles), 1.75 * len(rows) + 0.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows), len(titles), figsize=(1.75 * len(titles), 1.75 * len(rows) + 0.5), squeeze=False
+    )
     patch, grid_width = config.patch_size, batch[present[0].name].shape[-1] // config.patch_size
     for r, (i, spec) in enumerate(rows):
         target = _display(spec, batch[spec.name][i], processor, target=True)
@@ -525,8 +545,9 @@ def run(argv: list[str]) -> dict:
     check_checkpoint(model_args.model_name_or_path)
 
     setup_logging(training_args, logger)
-    logger.info("weighting=%s modalities=%s output_dir=%s", training_args.weighting, task_names,
-                training_args.output_dir)
+    logger.info(
+        "weighting=%s modalities=%s output_dir=%s", training_args.weighting, task_names, training_args.output_dir
+    )
     settings = run_config(model_args, data_args, training_args)
     resume_checkpoint = prepare_output_dir(training_args, settings, overwrite=data_args.overwrite_output_dir)
     set_seed(training_args.seed)
@@ -546,14 +567,18 @@ def run(argv: list[str]) -> dict:
         if absent:
             logger.warning("The %s data have no %s column: absent task(s), no loss and weight 0", split, absent)
         if len(absent) == len(task_names):
-            raise UsageError(f"the {split} data have none of the modalities {task_names} (columns: "
-                             f"{data.column_names}); map them with --column_mapping or set --modalities")
+            raise UsageError(
+                f"the {split} data have none of the modalities {task_names} (columns: "
+                f"{data.column_names}); map them with --column_mapping or set --modalities"
+            )
     processor = build_processor(model_args, data_args, config)
     budget = data_args.num_visible_tokens or max(1, len(task_names) * config.num_patches // 6)
     present = [name for name in task_names if name in train_raw.column_names]
     if budget > config.num_patches * len(present):
-        raise UsageError(f"--num_visible_tokens {budget} exceeds the {config.num_patches * len(present)} patches of "
-                         f"the {len(present)} modalities of the data at image size {config.image_size}")
+        raise UsageError(
+            f"--num_visible_tokens {budget} exceeds the {config.num_patches * len(present)} patches of "
+            f"the {len(present)} modalities of the data at image size {config.image_size}"
+        )
 
     columns = {name: name for name in task_names}
     train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
@@ -564,8 +589,9 @@ def run(argv: list[str]) -> dict:
 
     def mask_collator(seed: int) -> ModalityMaskCollator:
         fill = {s.name: (s.ignore_index if s.kind == "semseg" else 0.0) for s in config.modalities if s.kind != "rgb"}
-        return ModalityMaskCollator(budget, config.patch_size, alpha=data_args.mask_alpha, modalities=task_names,
-                                    fill_values=fill, seed=seed)
+        return ModalityMaskCollator(
+            budget, config.patch_size, alpha=data_args.mask_alpha, modalities=task_names, fill_values=fill, seed=seed
+        )
 
     train_collator = mask_collator(training_args.seed)
     collator = HeldOutOrTrainingCollator(train_collator, mask_collator(data_args.eval_masking_seed))
@@ -597,18 +623,22 @@ def run(argv: list[str]) -> dict:
             "processes": training_args.world_size,
         },
     }
-    report = task_report(task_names, trainer.state.log_history, eval_metrics, report_settings,
-                         trainer.step_weights.tolist())
+    report = task_report(
+        task_names, trainer.state.log_history, eval_metrics, report_settings, trainer.step_weights.tolist()
+    )
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
     notes = ()
     if training_args.should_save and data_args.num_reconstructions:
         shown = eval_dataset.select(range(min(data_args.num_reconstructions, len(eval_dataset))))
         examples = [shown[i] for i in range(len(shown))]
-        plot_reconstructions(base, collator(examples), [e["id"] for e in examples], processor,
-                             output_dir / RECONSTRUCTIONS_NAME)
-        notes = (f"Held-out reconstructions (input, masked input, prediction, target per modality):\n\n"
-                 f"![Held-out reconstructions]({RECONSTRUCTIONS_NAME})",)
+        plot_reconstructions(
+            base, collator(examples), [e["id"] for e in examples], processor, output_dir / RECONSTRUCTIONS_NAME
+        )
+        notes = (
+            f"Held-out reconstructions (input, masked input, prediction, target per modality):\n\n"
+            f"![Held-out reconstructions]({RECONSTRUCTIONS_NAME})",
+        )
     write_report_and_card(
         trainer,
         report,

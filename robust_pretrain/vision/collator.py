@@ -170,4 +170,3 @@ def split_budget(proportions: np.ndarray, budget: int, caps: np.ndarray, rng: np
         remaining -= int(share.sum())
         free &= counts < caps
     return counts
-

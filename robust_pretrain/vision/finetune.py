@@ -125,9 +125,7 @@ class DenseModelArguments:
     def __post_init__(self) -> None:
         if "rgb" not in self.input_modalities or not set(self.input_modalities) <= {"rgb", "depth"}:
             raise UsageError(f"--input_modalities {self.input_modalities}: rgb, optionally with depth")
-        if self.neck_hidden_sizes is not None and (
-            len(self.neck_hidden_sizes) != 4 or min(self.neck_hidden_sizes) < 1
-        ):
+        if self.neck_hidden_sizes is not None and (len(self.neck_hidden_sizes) != 4 or min(self.neck_hidden_sizes) < 1):
             raise UsageError(f"--neck_hidden_sizes {self.neck_hidden_sizes}: four positive widths")
         if self.fusion_hidden_size is not None and self.fusion_hidden_size < 1:
             raise UsageError(f"--fusion_hidden_size must be a positive integer, got {self.fusion_hidden_size}")
@@ -329,8 +327,12 @@ def load_task_data(
 
     needed = list(dict.fromkeys([*input_modalities, *([task] if task != "classification" else [])]))
     num_labels = data_args.num_labels if data_args.class_names is None else len(data_args.class_names)
-    checks = dict(ignore_index=data_args.ignore_index, depth_scale=data_args.depth_scale, patch_size=patch_size,
-                  num_classes=num_labels if task == "semseg" else None)
+    checks = dict(
+        ignore_index=data_args.ignore_index,
+        depth_scale=data_args.depth_scale,
+        patch_size=patch_size,
+        num_classes=num_labels if task == "semseg" else None,
+    )
     label_names = data_args.class_names
     if data_args.image_folder is not None:
         root = Path(data_args.image_folder)
@@ -351,8 +353,10 @@ def load_task_data(
         if task == "classification":
             names = {split: _folder_labels(root / split, dataset) for split, dataset in splits.items()}
             label_names = label_names or sorted(set(names[train_split]) | set(names[eval_split]))
-            splits = {split: dataset.add_column("label", _class_ids(names[split], label_names, str(root / split)))
-                      for split, dataset in splits.items()}
+            splits = {
+                split: dataset.add_column("label", _class_ids(names[split], label_names, str(root / split)))
+                for split, dataset in splits.items()
+            }
         train, evaluation = splits[train_split], splits[eval_split]
         description = f"the image folder `{root.resolve().name}` (splits {train_split} / {eval_split})"
     elif data_args.dataset_name is not None:
@@ -471,17 +475,26 @@ def checkpoint_normalisation(checkpoint: str) -> dict[str, list[float]]:
     return {key: saved[key] for key in ("image_mean", "image_std") if key in saved}
 
 
-def load_model(run_args: DenseRunArguments, model_args: DenseModelArguments, lora_args: LoraArguments,
-               label_names: list[str] | None,
-               ignore_index: int) -> tuple[PreTrainedModel | PeftModel, int]:
+def load_model(
+    run_args: DenseRunArguments,
+    model_args: DenseModelArguments,
+    lora_args: LoraArguments,
+    label_names: list[str] | None,
+    ignore_index: int,
+) -> tuple[PreTrainedModel | PeftModel, int]:
     """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size the
     checkpoint was trained at."""
     path, task = run_args.model_name_or_path, run_args.task
     model_type = checkpoint_model_type(path, task)
-    labels = {} if label_names is None else {
-        "num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
-        "label2id": {name: i for i, name in enumerate(label_names)},
-    }
+    labels = (
+        {}
+        if label_names is None
+        else {
+            "num_labels": len(label_names),
+            "id2label": dict(enumerate(label_names)),
+            "label2id": {name: i for i, name in enumerate(label_names)},
+        }
+    )
     if model_type == "vit":
         if model_args.input_modalities != ["rgb"]:
             raise UsageError(f"--input_modalities {model_args.input_modalities}: a ViT checkpoint reads rgb only")
@@ -496,9 +509,7 @@ def load_model(run_args: DenseRunArguments, model_args: DenseModelArguments, lor
         head_sizes = {name: value for name, value in (("neck_hidden_sizes", model_args.neck_hidden_sizes),
                                                       ("fusion_hidden_size", model_args.fusion_hidden_size))
                       if value is not None}  # fmt: skip
-        config = MultiMAEConfig.from_pretrained(
-            path, semantic_loss_ignore_index=ignore_index, **head_sizes, **labels
-        )
+        config = MultiMAEConfig.from_pretrained(path, semantic_loss_ignore_index=ignore_index, **head_sizes, **labels)
         known = config.task_names
         unknown = [name for name in model_args.input_modalities if name not in known]
         if unknown:
@@ -511,15 +522,21 @@ def load_model(run_args: DenseRunArguments, model_args: DenseModelArguments, lor
     if lora_args.use_lora:
         model = get_peft_model(
             model,
-            LoraConfig(r=lora_args.lora_r, lora_alpha=lora_args.lora_alpha, lora_dropout=lora_args.lora_dropout,
-                       target_modules=list(lora_args.lora_target_modules), modules_to_save=head_modules),
+            LoraConfig(
+                r=lora_args.lora_r,
+                lora_alpha=lora_args.lora_alpha,
+                lora_dropout=lora_args.lora_dropout,
+                target_modules=list(lora_args.lora_target_modules),
+                modules_to_save=head_modules,
+            ),
         )
         model.print_trainable_parameters()
     return model, int(image_size)
 
 
-def parameter_groups(model: torch.nn.Module, num_layers: int, learning_rate: float, weight_decay: float,
-                     layer_decay: float) -> list[dict[str, Any]]:
+def parameter_groups(
+    model: torch.nn.Module, num_layers: int, learning_rate: float, weight_decay: float, layer_decay: float
+) -> list[dict[str, Any]]:
     """AdamW parameter groups with layer-wise lr decay (BEiT / MultiMAE): the embeddings are layer 0, encoder layer
     ``i`` is layer ``i + 1``, everything after the encoder (final norm, head) layer ``L + 1``; layer ``l`` gets
     ``learning_rate * layer_decay ** (L + 1 - l)``. No weight decay on biases, norms and learned tokens. The head's
@@ -531,10 +548,14 @@ def parameter_groups(model: torch.nn.Module, num_layers: int, learning_rate: flo
         layer_match = _ENCODER_LAYER.search(name)
         layer = int(layer_match.group(1)) + 1 if layer_match else 0 if _EMBEDDINGS.search(name) else num_layers + 1
         decay = parameter.ndim >= 2 and not _NO_WEIGHT_DECAY.search(name)
-        group = groups.setdefault((layer, decay), {
-            "params": [], "weight_decay": weight_decay if decay else 0.0,
-            "lr": learning_rate * layer_decay ** (num_layers + 1 - layer),
-        })
+        group = groups.setdefault(
+            (layer, decay),
+            {
+                "params": [],
+                "weight_decay": weight_decay if decay else 0.0,
+                "lr": learning_rate * layer_decay ** (num_layers + 1 - layer),
+            },
+        )
         group["params"].append(parameter)
     return [groups[key] for key in sorted(groups, key=lambda key: (-key[0], not key[1]))]
 
@@ -564,27 +585,35 @@ def flatten_metrics(task: str, result: dict[str, Any], label_names: list[str] | 
     flat = {key: float(value) for key, value in result.items() if key != "per_class_iou"}
     if task == "semseg":
         names = label_names or [str(i) for i in range(len(result["per_class_iou"]))]
-        flat.update({f"iou_{name}": float(iou) for name, iou in zip(names, result["per_class_iou"], strict=True)
-                     if not np.isnan(iou)})
+        flat.update(
+            {
+                f"iou_{name}": float(iou)
+                for name, iou in zip(names, result["per_class_iou"], strict=True)
+                if not np.isnan(iou)
+            }
+        )
     return flat
 
 
-def compute_task_metrics(task: str, predictions: np.ndarray, labels: np.ndarray,
-                         metric_kwargs: dict[str, Any], label_names: list[str] | None) -> dict[str, float]:
+def compute_task_metrics(
+    task: str, predictions: np.ndarray, labels: np.ndarray, metric_kwargs: dict[str, Any], label_names: list[str] | None
+) -> dict[str, float]:
     """Score predictions (semseg class maps, depth maps in metres, classification scores) with the shipped
     ``evaluate`` module of ``task``."""
     result = load_vision_metric(task).compute(predictions=predictions, references=labels, **metric_kwargs)
     return flatten_metrics(task, result, label_names)
 
 
-def build_compute_metrics(task: str, metric_kwargs: dict[str, Any], label_names: list[str] | None
-                          ) -> Callable[[EvalPrediction], dict[str, float]]:
+def build_compute_metrics(
+    task: str, metric_kwargs: dict[str, Any], label_names: list[str] | None
+) -> Callable[[EvalPrediction], dict[str, float]]:
     """``compute_metrics`` for the Trainer (semseg predictions arrive as class maps, see
     :func:`preprocess_logits`)."""
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-        return compute_task_metrics(task, _first(prediction.predictions), prediction.label_ids, metric_kwargs,
-                                    label_names)
+        return compute_task_metrics(
+            task, _first(prediction.predictions), prediction.label_ids, metric_kwargs, label_names
+        )
 
     return compute_metrics
 
@@ -598,16 +627,26 @@ def preprocess_logits(logits: torch.Tensor | tuple, labels: torch.Tensor) -> tor
     return _first(logits).argmax(dim=1)
 
 
-def write_predictions(path: Path, task: str, ids: Sequence[str], predictions: np.ndarray, labels: np.ndarray,
-                      metric_kwargs: dict[str, Any], label_names: list[str] | None) -> Path:
+def write_predictions(
+    path: Path,
+    task: str,
+    ids: Sequence[str],
+    predictions: np.ndarray,
+    labels: np.ndarray,
+    metric_kwargs: dict[str, Any],
+    label_names: list[str] | None,
+) -> Path:
     """Per eval image: ``ids``, ``predictions`` (semseg class maps, depth maps in metres, classification scores),
     ``labels`` and the metric settings, so :func:`recompute_metrics` gives the reported scores."""
     dtype = {"semseg": np.int16, "depth": np.float32, "classification": np.float32}[task]
     np.savez_compressed(
-        path, task=np.asarray(task), ids=np.asarray(list(ids)), predictions=np.asarray(predictions, dtype=dtype),
+        path,
+        task=np.asarray(task),
+        ids=np.asarray(list(ids)),
+        predictions=np.asarray(predictions, dtype=dtype),
         labels=np.asarray(labels, dtype=np.int16 if task == "semseg" else labels.dtype),
-        label_names=np.asarray(label_names or []), **{f"metric_{k}": np.asarray(v) for k, v in metric_kwargs.items()
-                                                      if v is not None},
+        label_names=np.asarray(label_names or []),
+        **{f"metric_{k}": np.asarray(v) for k, v in metric_kwargs.items() if v is not None},
     )
     return path
 
@@ -616,7 +655,7 @@ def recompute_metrics(path: str | Path) -> dict[str, float]:
     """The eval metrics (without the ``eval_`` prefix) recomputed from a :func:`write_predictions` file."""
     with np.load(path, allow_pickle=False) as saved:
         task = str(saved["task"])
-        kwargs = {key[len("metric_"):]: saved[key] for key in saved.files if key.startswith("metric_")}
+        kwargs = {key[len("metric_") :]: saved[key] for key in saved.files if key.startswith("metric_")}
         kwargs = {key: tuple(value.tolist()) if key == "top_k" else value.item() for key, value in kwargs.items()}
         if task == "depth":
             kwargs.setdefault("max_depth", None)
@@ -624,12 +663,15 @@ def recompute_metrics(path: str | Path) -> dict[str, float]:
         return compute_task_metrics(task, saved["predictions"], saved["labels"], kwargs, label_names)
 
 
-def write_classification_results(path: Path, ids: Sequence[str], scores: np.ndarray, labels: np.ndarray,
-                                 label_names: list[str]) -> Path:
+def write_classification_results(
+    path: Path, ids: Sequence[str], scores: np.ndarray, labels: np.ndarray, label_names: list[str]
+) -> Path:
     """Tab-separated ``index  id  prediction  label`` (class names), as HF's ``run_glue.py`` writes."""
     rows = ["index\tid\tprediction\tlabel"]
-    rows += [f"{i}\t{image_id}\t{label_names[int(p)]}\t{label_names[int(y)]}"
-             for i, (image_id, p, y) in enumerate(zip(ids, scores.argmax(axis=1), labels, strict=True))]
+    rows += [
+        f"{i}\t{image_id}\t{label_names[int(p)]}\t{label_names[int(y)]}"
+        for i, (image_id, p, y) in enumerate(zip(ids, scores.argmax(axis=1), labels, strict=True))
+    ]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     return path
 
@@ -637,9 +679,16 @@ def write_classification_results(path: Path, ids: Sequence[str], scores: np.ndar
 # ------------------------------------------------------------------------------------------------------ outputs
 
 
-def plot_predictions(task: str, images: np.ndarray, predictions: np.ndarray, labels: np.ndarray,
-                     processor: MultiMAEImageProcessor, label_names: list[str] | None, ignore_index: int,
-                     path: Path) -> Path:
+def plot_predictions(
+    task: str,
+    images: np.ndarray,
+    predictions: np.ndarray,
+    labels: np.ndarray,
+    processor: MultiMAEImageProcessor,
+    label_names: list[str] | None,
+    ignore_index: int,
+    path: Path,
+) -> Path:
     """``predictions.png``: one row per image: input, prediction, target (classification: the input titled with
     both class names). ``images`` are processed (normalised) RGB arrays (N, 3, H, W)."""
     import matplotlib
@@ -659,14 +708,23 @@ def plot_predictions(task: str, images: np.ndarray, predictions: np.ndarray, lab
         else:
             axes[row, 0].set_title("input" if row == 0 else "", fontsize=9)
             if task == "semseg":
-                style = {"cmap": "tab10" if len(label_names) <= 10 else "tab20", "vmin": 0,
-                         "vmax": max(len(label_names) - 1, 1), "interpolation": "nearest"}
-                shown = [np.ma.masked_equal(predictions[row], ignore_index), np.ma.masked_equal(labels[row],
-                                                                                               ignore_index)]
+                style = {
+                    "cmap": "tab10" if len(label_names) <= 10 else "tab20",
+                    "vmin": 0,
+                    "vmax": max(len(label_names) - 1, 1),
+                    "interpolation": "nearest",
+                }
+                shown = [
+                    np.ma.masked_equal(predictions[row], ignore_index),
+                    np.ma.masked_equal(labels[row], ignore_index),
+                ]
             else:
                 valid = labels[row][labels[row] > 0]
-                style = {"cmap": "viridis", "vmin": float(valid.min()) if valid.size else 0.0,
-                         "vmax": float(valid.max()) if valid.size else 1.0}
+                style = {
+                    "cmap": "viridis",
+                    "vmin": float(valid.min()) if valid.size else 0.0,
+                    "vmax": float(valid.max()) if valid.size else 1.0,
+                }
                 shown = [predictions[row], np.ma.masked_less_equal(labels[row], 0)]
             for column, (values, title) in enumerate(zip(shown, ("prediction", "target"), strict=True), start=1):
                 drawn = axes[row, column].imshow(values, **style)
@@ -677,8 +735,9 @@ def plot_predictions(task: str, images: np.ndarray, predictions: np.ndarray, lab
             axis.axis("off")
     if task == "semseg":  # one colour per class; ignored pixels are blank
         colours = plt.get_cmap(style["cmap"])
-        handles = [matplotlib.patches.Patch(color=colours(i / style["vmax"]), label=name)
-                   for i, name in enumerate(label_names)]
+        handles = [
+            matplotlib.patches.Patch(color=colours(i / style["vmax"]), label=name) for i, name in enumerate(label_names)
+        ]
         figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
         figure.tight_layout(rect=(0, 0.03 * (1 + len(handles) // 5), 1, 1))
     else:
@@ -688,10 +747,16 @@ def plot_predictions(task: str, images: np.ndarray, predictions: np.ndarray, lab
     return path
 
 
-CARD_TASK_TYPES = {"semseg": "image-segmentation", "depth": "depth-estimation",
-                   "classification": "image-classification"}
-CARD_METRICS = {"semseg": ("mean_iou", "pixel_accuracy"), "depth": ("delta1", "abs_rel", "rmse"),
-                "classification": ("top1_accuracy", "top5_accuracy")}
+CARD_TASK_TYPES = {
+    "semseg": "image-segmentation",
+    "depth": "depth-estimation",
+    "classification": "image-classification",
+}
+CARD_METRICS = {
+    "semseg": ("mean_iou", "pixel_accuracy"),
+    "depth": ("delta1", "abs_rel", "rmse"),
+    "classification": ("top1_accuracy", "top5_accuracy"),
+}
 _CARD_TEMPLATE = """---
 {{ card_data }}
 ---
@@ -713,29 +778,61 @@ table from it); input / prediction / target of a few images: `predictions.png`.
 """
 
 
-def write_card(output_dir: Path, run_args: DenseRunArguments, model_args: DenseModelArguments, lora_args: LoraArguments,
-               training_args: DenseTrainingArguments, data: TaskData, metrics: dict[str, float], steps: int) -> Path:
+def write_card(
+    output_dir: Path,
+    run_args: DenseRunArguments,
+    model_args: DenseModelArguments,
+    lora_args: LoraArguments,
+    training_args: DenseTrainingArguments,
+    data: TaskData,
+    metrics: dict[str, float],
+    steps: int,
+) -> Path:
     """A model card ``README.md``: the fine-tuning section and its eval results as ``model-index`` metadata."""
     task, base = run_args.task, run_args.model_name_or_path
     base_label = Path(base).name if looks_like_path(base) or Path(base).exists() else base
     reported = [(name, metrics[f"eval_{name}"]) for name in CARD_METRICS[task] if f"eval_{name}" in metrics]
     results = [
-        EvalResult(task_type=CARD_TASK_TYPES[task], dataset_type="local", dataset_name=data.description.split(" (")[0],
-                   dataset_split="eval", metric_type=name, metric_value=round(value, 4))
+        EvalResult(
+            task_type=CARD_TASK_TYPES[task],
+            dataset_type="local",
+            dataset_name=data.description.split(" (")[0],
+            dataset_split="eval",
+            metric_type=name,
+            metric_value=round(value, 4),
+        )
         for name, value in reported
     ]
-    method = (f"LoRA r={lora_args.lora_r} on {', '.join(lora_args.lora_target_modules)} + full head"
-              if lora_args.use_lora else "full fine-tuning")
+    method = (
+        f"LoRA r={lora_args.lora_r} on {', '.join(lora_args.lora_target_modules)} + full head"
+        if lora_args.use_lora
+        else "full fine-tuning"
+    )
     card = ModelCard.from_template(
-        ModelCardData(model_name=f"{base_label}-{task}", eval_results=results, library_name="transformers",
-                      tags=["robust-pretrain", CARD_TASK_TYPES[task]]),
-        template_str=_CARD_TEMPLATE, model_name=f"{base_label}-{task}", task=task, base=base_label,
-        task_type=CARD_TASK_TYPES[task], method=method, lr=training_args.learning_rate,
-        layer_decay=training_args.layer_decay, weight_decay=training_args.weight_decay,
-        warmup=training_args.warmup_steps, schedule=SchedulerType(training_args.lr_scheduler_type).value, steps=steps,
-        batch=training_args.per_device_train_batch_size * training_args.world_size, seed=training_args.seed,
-        inputs=" + ".join(model_args.input_modalities), data=data.description,
-        metrics=[(name, f"{value:.4f}") for name, value in reported], predictions_file=predictions_file_name(task),
+        ModelCardData(
+            model_name=f"{base_label}-{task}",
+            eval_results=results,
+            library_name="transformers",
+            tags=["robust-pretrain", CARD_TASK_TYPES[task]],
+        ),
+        template_str=_CARD_TEMPLATE,
+        model_name=f"{base_label}-{task}",
+        task=task,
+        base=base_label,
+        task_type=CARD_TASK_TYPES[task],
+        method=method,
+        lr=training_args.learning_rate,
+        layer_decay=training_args.layer_decay,
+        weight_decay=training_args.weight_decay,
+        warmup=training_args.warmup_steps,
+        schedule=SchedulerType(training_args.lr_scheduler_type).value,
+        steps=steps,
+        batch=training_args.per_device_train_batch_size * training_args.world_size,
+        seed=training_args.seed,
+        inputs=" + ".join(model_args.input_modalities),
+        data=data.description,
+        metrics=[(name, f"{value:.4f}") for name, value in reported],
+        predictions_file=predictions_file_name(task),
     )
     path = output_dir / "README.md"
     card.save(path)
@@ -745,9 +842,14 @@ def write_card(output_dir: Path, run_args: DenseRunArguments, model_args: DenseM
 # ---------------------------------------------------------------------------------------------------------- run
 
 
-def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, data_args: DenseDataArguments,
-                 lora_args: LoraArguments,
-                 training_args: DenseTrainingArguments, save_model: bool = True) -> dict[str, float]:
+def run_finetune(
+    run_args: DenseRunArguments,
+    model_args: DenseModelArguments,
+    data_args: DenseDataArguments,
+    lora_args: LoraArguments,
+    training_args: DenseTrainingArguments,
+    save_model: bool = True,
+) -> dict[str, float]:
     """Check every input, fine-tune and/or evaluate; returns the eval metrics (``eval_`` keys, as logged).
 
     ``training_args.output_dir`` must be empty or new unless ``run_args.overwrite_output_dir``. Writes the files
@@ -757,8 +859,9 @@ def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, d
     checkpoint_model_type(run_args.model_name_or_path, task)
     config, _ = PretrainedConfig.get_config_dict(run_args.model_name_or_path)
     data = load_task_data(task, data_args, model_args.input_modalities, int(config.get("patch_size", 16)))
-    prepare_output_dir(training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save,
-                       _STALE_OUTPUTS)
+    prepare_output_dir(
+        training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_OUTPUTS
+    )
     set_seed(training_args.seed)
     model, checkpoint_size = load_model(run_args, model_args, lora_args, data.label_names, data_args.ignore_index)
     image_size = data_args.image_size or checkpoint_size
@@ -767,8 +870,11 @@ def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, d
     num_labels = None if data.label_names is None else len(data.label_names)
     processor = MultiMAEImageProcessor(
         **checkpoint_normalisation(run_args.model_name_or_path),
-        size=image_size, crop_scale=data_args.crop_scale, flip_probability=data_args.flip_probability,
-        depth_scale=data_args.depth_scale, ignore_index=data_args.ignore_index,
+        size=image_size,
+        crop_scale=data_args.crop_scale,
+        flip_probability=data_args.flip_probability,
+        depth_scale=data_args.depth_scale,
+        ignore_index=data_args.ignore_index,
         num_classes=num_labels if task == "semseg" else None,
     )
     modalities = list(dict.fromkeys([*model_args.input_modalities, *([task] if task != "classification" else [])]))
@@ -789,11 +895,20 @@ def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, d
         compute_metrics=build_compute_metrics(task, metric_kwargs, data.label_names),
         preprocess_logits_for_metrics=preprocess_logits if task == "semseg" else None,
         callbacks=[SetEpochCallback([train_transform])],
-        optimizer_cls_and_kwargs=(torch.optim.AdamW, {
-            "params": parameter_groups(model, num_layers, training_args.learning_rate, training_args.weight_decay,
-                                       training_args.layer_decay),
-            "betas": (training_args.adam_beta1, training_args.adam_beta2), "eps": training_args.adam_epsilon,
-        }),
+        optimizer_cls_and_kwargs=(
+            torch.optim.AdamW,
+            {
+                "params": parameter_groups(
+                    model,
+                    num_layers,
+                    training_args.learning_rate,
+                    training_args.weight_decay,
+                    training_args.layer_decay,
+                ),
+                "betas": (training_args.adam_beta1, training_args.adam_beta2),
+                "eps": training_args.adam_epsilon,
+            },
+        ),
     )
     output_dir = Path(training_args.output_dir)
     if training_args.do_train:
@@ -812,18 +927,42 @@ def run_finetune(run_args: DenseRunArguments, model_args: DenseModelArguments, d
         trainer.save_metrics("eval", eval_metrics)
         if trainer.is_world_process_zero():
             predictions, ids = _first(output.predictions), eval_ids
-            write_predictions(output_dir / predictions_file_name(task), task, ids, predictions, output.label_ids,
-                              metric_kwargs, data.label_names)
+            write_predictions(
+                output_dir / predictions_file_name(task),
+                task,
+                ids,
+                predictions,
+                output.label_ids,
+                metric_kwargs,
+                data.label_names,
+            )
             if task == "classification":
-                write_classification_results(output_dir / text_predictions_file_name(task), ids, predictions,
-                                             output.label_ids, data.label_names)
+                write_classification_results(
+                    output_dir / text_predictions_file_name(task), ids, predictions, output.label_ids, data.label_names
+                )
             shown = min(data_args.num_prediction_images, len(data.evaluation))
             if shown:
                 images = np.stack(data.evaluation[:shown]["rgb"])
-                plot_predictions(task, images, predictions[:shown], output.label_ids[:shown], processor,
-                                 data.label_names, data_args.ignore_index, output_dir / PREDICTIONS_PLOT)
-            write_card(output_dir, run_args, model_args, lora_args, training_args, data, eval_metrics,
-                       trainer.state.global_step)
+                plot_predictions(
+                    task,
+                    images,
+                    predictions[:shown],
+                    output.label_ids[:shown],
+                    processor,
+                    data.label_names,
+                    data_args.ignore_index,
+                    output_dir / PREDICTIONS_PLOT,
+                )
+            write_card(
+                output_dir,
+                run_args,
+                model_args,
+                lora_args,
+                training_args,
+                data,
+                eval_metrics,
+                trainer.state.global_step,
+            )
     return eval_metrics
 
 

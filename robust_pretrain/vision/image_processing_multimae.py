@@ -122,8 +122,9 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         error messages. ``train=True`` augments, drawing from ``generators`` (one per example; fresh OS entropy if
         not given). Returns a ``BatchFeature`` with ``rgb`` (B,3,H,W), ``depth`` (B,1,H,W), ``semseg`` (B,H,W) for
         the modalities given."""
-        given = {name: value for name, value in zip(MODALITIES, (images, depth, semseg), strict=True)
-                 if value is not None}
+        given = {
+            name: value for name, value in zip(MODALITIES, (images, depth, semseg), strict=True) if value is not None
+        }
         if not given:
             raise ValueError("no input: pass images (RGB), depth and/or semseg")
         batched = {name: _as_batch(v) for name, v in given.items()}
@@ -136,15 +137,22 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         if train and len(generators) != count:
             raise ValueError(f"got {len(generators)} generators for {count} examples")
         examples = [
-            self.process_example({name: v[i] for name, v in batched.items()}, train=train,
-                                 rng=generators[i] if train else None, name=names[i] if names else f"#{i}")
+            self.process_example(
+                {name: v[i] for name, v in batched.items()},
+                train=train,
+                rng=generators[i] if train else None,
+                name=names[i] if names else f"#{i}",
+            )
             for i in range(count)
         ]
         data = {name: np.stack([e[name] for e in examples]) for name in batched}
         return BatchFeature(data=data, tensor_type=return_tensors)
 
     def process_example(
-        self, example: Mapping[str, Any], train: bool = False, rng: np.random.Generator | None = None,
+        self,
+        example: Mapping[str, Any],
+        train: bool = False,
+        rng: np.random.Generator | None = None,
         name: str = "example",
     ) -> dict[str, np.ndarray]:
         """One example (a mapping of modality -> raw input) -> arrays; ``name`` is used in error messages."""
@@ -181,8 +189,10 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         sizes = {m: (a.shape[1], a.shape[0]) for m, a in decoded.items()}  # (width, height)
         aspects = {m: w / h for m, (w, h) in sizes.items()}
         if max(aspects.values()) > 1.01 * min(aspects.values()):
-            raise ValueError(f"{name}: modalities have different aspect ratios {sizes} (width, height); they must "
-                             "show the same view (different resolutions of one aspect are resized consistently)")
+            raise ValueError(
+                f"{name}: modalities have different aspect ratios {sizes} (width, height); they must "
+                "show the same view (different resolutions of one aspect are resized consistently)"
+            )
         return decoded
 
     def random_crop_box(self, width: float, height: float, rng: np.random.Generator) -> tuple[float, ...]:
@@ -210,8 +220,9 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         return box[0] * width, box[1] * height, box[2] * width, box[3] * height
 
     def _resize_rgb(self, array: np.ndarray, box: Sequence[float]) -> np.ndarray:
-        image = Image.fromarray(array).resize(self._output_size(), Image.Resampling.BILINEAR,
-                                              box=self._pixel_box(box, array))
+        image = Image.fromarray(array).resize(
+            self._output_size(), Image.Resampling.BILINEAR, box=self._pixel_box(box, array)
+        )
         pixels = np.asarray(image, dtype=np.float32) / 255.0
         pixels = (pixels - np.asarray(self.image_mean, np.float32)) / np.asarray(self.image_std, np.float32)
         return pixels.transpose(2, 0, 1)
@@ -241,8 +252,10 @@ class MultiMAEImageProcessor(BaseImageProcessor):
             elif value.mode == "F":
                 metres = np.asarray(value, dtype=np.float64)
             else:
-                raise ValueError(f"{name}: depth image has mode {value.mode!r}; give a 16-bit PNG (mode I;16, units "
-                                 f"of 1/{self.depth_scale:g} m) or float metres (mode F or a float array)")
+                raise ValueError(
+                    f"{name}: depth image has mode {value.mode!r}; give a 16-bit PNG (mode I;16, units "
+                    f"of 1/{self.depth_scale:g} m) or float metres (mode F or a float array)"
+                )
         else:
             array = _squeeze_channel(_as_array(value), name, "depth")
             metres = array / self.depth_scale if np.issubdtype(array.dtype, np.integer) else array.astype(np.float64)
@@ -254,8 +267,10 @@ class MultiMAEImageProcessor(BaseImageProcessor):
     def _decode_classes(self, value: Any, name: str) -> np.ndarray:
         if isinstance(value, Image.Image):
             if value.mode not in ("L", "P", "I", "I;16", "I;16B", "I;16L"):
-                raise ValueError(f"{name}: semseg image has mode {value.mode!r}; give a class-id map (mode L, P or "
-                                 "I), not a colour rendering")
+                raise ValueError(
+                    f"{name}: semseg image has mode {value.mode!r}; give a class-id map (mode L, P or "
+                    "I), not a colour rendering"
+                )
             classes = np.asarray(value).astype(np.int64)
         else:
             array = _squeeze_channel(_as_array(value), name, "semseg")
@@ -266,9 +281,11 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         if self.num_classes is not None:
             bad = np.unique(classes[(classes != self.ignore_index) & ((classes < 0) | (classes >= self.num_classes))])
             if bad.size:
-                raise ValueError(f"{name}: semseg has class ids {bad[:5].tolist()} outside 0..{self.num_classes - 1} "
-                                 f"(ignore_index {self.ignore_index}); raise num_classes or map them to the ignore "
-                                 "value")
+                raise ValueError(
+                    f"{name}: semseg has class ids {bad[:5].tolist()} outside 0..{self.num_classes - 1} "
+                    f"(ignore_index {self.ignore_index}); raise num_classes or map them to the ignore "
+                    "value"
+                )
         return classes
 
 
@@ -295,8 +312,7 @@ def _decode_rgb(value: Any, name: str) -> np.ndarray:
     """(H, W, 3) uint8 from PIL (any mode) or an array of 1, 3 or 4 channels (channels first or last)."""
     if isinstance(value, Image.Image):
         if value.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-            raise ValueError(f"{name}: rgb image has mode {value.mode!r} (a depth or class map?); give an 8-bit "
-                             "image")
+            raise ValueError(f"{name}: rgb image has mode {value.mode!r} (a depth or class map?); give an 8-bit image")
         return np.asarray(value.convert("RGB"))
     array = _as_array(value)
     if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):

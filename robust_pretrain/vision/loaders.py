@@ -32,8 +32,10 @@ class UnmatchedStemsError(ValueError):
 
     def __init__(self, split_dir: Path, unmatched: Mapping[str, list[str]]) -> None:
         self.unmatched = dict(unmatched)
-        super().__init__(f"{split_dir}: {describe_unmatched(unmatched)}; add the missing files, remove these, or "
-                         "pass unmatched='drop' to keep only complete examples")
+        super().__init__(
+            f"{split_dir}: {describe_unmatched(unmatched)}; add the missing files, remove these, or "
+            "pass unmatched='drop' to keep only complete examples"
+        )
 
 
 def describe_unmatched(unmatched: Mapping[str, list[str]]) -> str:
@@ -41,9 +43,11 @@ def describe_unmatched(unmatched: Mapping[str, list[str]]) -> str:
     groups: dict[tuple[str, ...], list[str]] = {}
     for stem, folders in sorted(unmatched.items()):
         groups.setdefault(tuple(sorted(folders)), []).append(stem)
-    details = "; ".join(f"only in {', '.join(folders)}: {', '.join(stems[:10])}"
-                        + (f" (+{len(stems) - 10} more)" if len(stems) > 10 else "")
-                        for folders, stems in groups.items())
+    details = "; ".join(
+        f"only in {', '.join(folders)}: {', '.join(stems[:10])}"
+        + (f" (+{len(stems) - 10} more)" if len(stems) > 10 else "")
+        for folders, stems in groups.items()
+    )
     return f"files whose stem is not in every modality folder ({details})"
 
 
@@ -94,13 +98,16 @@ def load_image_folder(
         checker = _Checker(ignore_index, num_classes, depth_scale, patch_size)
         for row, stem in enumerate(complete):
             paths = {m: columns[m][row] for m in files}
-            checker.check({m: _open_image(path) for m, path in paths.items()},
-                          f"example {stem!r} ({', '.join(paths.values())})")
+            checker.check(
+                {m: _open_image(path) for m, path in paths.items()}, f"example {stem!r} ({', '.join(paths.values())})"
+            )
     features = datasets.Features({"id": datasets.Value("string"), **{m: datasets.Image() for m in files}})
-    description = (f"image folder {split_dir} (modalities {sorted(files)}, depth_scale {depth_scale}, "
-                   f"ignore_index {ignore_index})")
-    return datasets.Dataset.from_dict(columns, features=features, split=split,
-                                      info=datasets.DatasetInfo(description=description, features=features))
+    description = (
+        f"image folder {split_dir} (modalities {sorted(files)}, depth_scale {depth_scale}, ignore_index {ignore_index})"
+    )
+    return datasets.Dataset.from_dict(
+        columns, features=features, split=split, info=datasets.DatasetInfo(description=description, features=features)
+    )
 
 
 def load_mapped_dataset(
@@ -137,8 +144,10 @@ def load_mapped_dataset(
         raise ValueError(f"{origin}: expected one split (a datasets.Dataset), got {type(dataset).__name__}; pass split")
     missing = {target: column for target, column in column_mapping.items() if column not in dataset.column_names}
     if missing:
-        raise ValueError(f"{origin}: no column {', '.join(map(repr, missing.values()))} (mapped to "
-                         f"{', '.join(missing)}); its columns are {dataset.column_names}")
+        raise ValueError(
+            f"{origin}: no column {', '.join(map(repr, missing.values()))} (mapped to "
+            f"{', '.join(missing)}); its columns are {dataset.column_names}"
+        )
     sources = list(dict.fromkeys(column_mapping.values()))
     if len(sources) != len(column_mapping):
         raise ValueError(f"column_mapping maps one column to several targets: {dict(column_mapping)}")
@@ -163,8 +172,9 @@ class _Checker:
     """Decodes an example with the image processor's rules and applies the dataset-level checks."""
 
     def __init__(self, ignore_index: int, num_classes: int | None, depth_scale: float, patch_size: int | None):
-        self.processor = MultiMAEImageProcessor(ignore_index=ignore_index, num_classes=num_classes,
-                                                depth_scale=depth_scale)
+        self.processor = MultiMAEImageProcessor(
+            ignore_index=ignore_index, num_classes=num_classes, depth_scale=depth_scale
+        )
         self.patch_size = patch_size
 
     def check(self, example: Mapping[str, Any], name: str) -> None:
@@ -172,8 +182,10 @@ class _Checker:
         if self.patch_size:
             small = {m: a.shape[:2] for m, a in decoded.items() if min(a.shape[:2]) < self.patch_size}
             if small:
-                raise ValueError(f"{name}: smaller than one {self.patch_size}x{self.patch_size} patch: "
-                                 f"{ {m: f'{h}x{w}' for m, (h, w) in small.items()} } (height x width)")
+                raise ValueError(
+                    f"{name}: smaller than one {self.patch_size}x{self.patch_size} patch: "
+                    f"{ {m: f'{h}x{w}' for m, (h, w) in small.items()} } (height x width)"
+                )
 
 
 def _files_by_stem(folder: Path) -> dict[str, Path]:
@@ -196,4 +208,3 @@ def _open_image(path: str) -> Image.Image:
             return image
     except Exception as error:  # PIL raises many types for broken files
         raise ValueError(f"{path}: cannot read the image ({type(error).__name__}: {error})") from error
-

@@ -41,13 +41,18 @@ PROVENANCE_FILE = "pseudo_labels.json"
 class PseudoLabelArguments:
     """Command-line options of ``recipes/pseudo_label.py``."""
 
-    dataset: str = field(metadata={"help": "RGB source: a folder layout root (<root>/<split>/rgb/<id>.<ext>) or a "
-                                           "datasets dataset (Hub id or local path)"})
+    dataset: str = field(
+        metadata={
+            "help": "RGB source: a folder layout root (<root>/<split>/rgb/<id>.<ext>) or a "
+            "datasets dataset (Hub id or local path)"
+        }
+    )
     output_dir: str = field(metadata={"help": "where the labelled split is written"})
     split: str = field(default="train", metadata={"help": "split to label"})
     rgb_column: str = field(default="image", metadata={"help": "RGB column of a datasets dataset"})
-    id_column: str | None = field(default=None, metadata={"help": "id column of a datasets dataset (row numbers "
-                                                                  "if unset)"})
+    id_column: str | None = field(
+        default=None, metadata={"help": "id column of a datasets dataset (row numbers if unset)"}
+    )
     depth_model: str | None = field(default=None, metadata={"help": "metric depth-estimation model"})
     segmentation_model: str | None = field(default=None, metadata={"help": "semantic segmentation model"})
     output_format: str = field(default="folder", metadata={"help": "folder (NYUv2 layout) or dataset (parquet)"})
@@ -81,8 +86,9 @@ def depth_to_png(predicted: Any, depth_scale: float) -> tuple[Image.Image, int]:
     return Image.fromarray(np.minimum(units, 65535).astype(np.uint16)), clipped
 
 
-def segments_to_class_map(segments: Sequence[Mapping[str, Any]], label2id: Mapping[str, int],
-                          size: tuple[int, int]) -> Image.Image:
+def segments_to_class_map(
+    segments: Sequence[Mapping[str, Any]], label2id: Mapping[str, int], size: tuple[int, int]
+) -> Image.Image:
     """Pipeline segments ({"label", "mask"}) -> a class-id image of ``size`` (width, height): 8-bit if the ids fit,
     else 16-bit. Semantic segments cover every pixel once."""
     classes = np.zeros(size[::-1], dtype=np.int64)
@@ -92,8 +98,16 @@ def segments_to_class_map(segments: Sequence[Mapping[str, Any]], label2id: Mappi
     return Image.fromarray(classes.astype(dtype))
 
 
-def pseudo_label(dataset: Any, depth_model: Any = None, segmentation_model: Any = None, *, batch_size: int = 8,
-                 depth_scale: float = 1000.0, device: str | None = None, rows_per_chunk: int = 256) -> Any:
+def pseudo_label(
+    dataset: Any,
+    depth_model: Any = None,
+    segmentation_model: Any = None,
+    *,
+    batch_size: int = 8,
+    depth_scale: float = 1000.0,
+    device: str | None = None,
+    rows_per_chunk: int = 256,
+) -> Any:
     """Add ``depth`` and/or ``semseg`` columns predicted from the ``rgb`` column of ``dataset``.
 
     ``depth_model`` / ``segmentation_model``: a model name or path, or a ready ``transformers`` pipeline.
@@ -103,15 +117,18 @@ def pseudo_label(dataset: Any, depth_model: Any = None, segmentation_model: Any 
     if depth_model is None and segmentation_model is None:
         raise ValueError("give a depth model and/or a segmentation model")
     if "rgb" not in dataset.column_names:
-        raise ValueError(f"the dataset has no 'rgb' column (columns: {dataset.column_names}); map one with "
-                         "robust_pretrain.vision.loaders.load_mapped_dataset")
+        raise ValueError(
+            f"the dataset has no 'rgb' column (columns: {dataset.column_names}); map one with "
+            "robust_pretrain.vision.loaders.load_mapped_dataset"
+        )
     targets = [name for name, model in (("depth", depth_model), ("semseg", segmentation_model)) if model is not None]
     taken = [name for name in targets if name in dataset.column_names]
     if taken:
         raise ValueError(f"the dataset already has the column(s) {taken}; drop them to label them again")
     depth_pipe = _pipeline("depth-estimation", depth_model, device) if depth_model is not None else None
-    segment_pipe = _pipeline("image-segmentation", segmentation_model, device) if segmentation_model is not None \
-        else None
+    segment_pipe = (
+        _pipeline("image-segmentation", segmentation_model, device) if segmentation_model is not None else None
+    )
     label2id = {}
     if segment_pipe is not None:
         id2label = segment_pipe.model.config.id2label
@@ -132,19 +149,31 @@ def pseudo_label(dataset: Any, depth_model: Any = None, segmentation_model: Any 
                 clipped += count
         if segment_pipe is not None:
             predictions = segment_pipe(images, batch_size=batch_size, subtask="semantic")
-            out["semseg"] = [segments_to_class_map(segments, label2id, image.size)
-                             for segments, image in zip(predictions, images, strict=True)]
+            out["semseg"] = [
+                segments_to_class_map(segments, label2id, image.size)
+                for segments, image in zip(predictions, images, strict=True)
+            ]
         return out
 
     features = dataset.features.copy()
     for name in targets:
         features[name] = datasets.Image()
     fingerprint = f"{stable_hash([dataset._fingerprint, str(depth_model), str(segmentation_model), depth_scale]):x}"
-    labelled = dataset.map(label_chunk, batched=True, batch_size=rows_per_chunk, features=features,
-                           new_fingerprint=fingerprint, desc="pseudo-labelling")
+    labelled = dataset.map(
+        label_chunk,
+        batched=True,
+        batch_size=rows_per_chunk,
+        features=features,
+        new_fingerprint=fingerprint,
+        desc="pseudo-labelling",
+    )
     if clipped:
-        logger.warning("%d depth pixels exceeded the 16-bit range (%.1f m at depth_scale %g) and were clipped",
-                       clipped, 65535 / depth_scale, depth_scale)
+        logger.warning(
+            "%d depth pixels exceeded the 16-bit range (%.1f m at depth_scale %g) and were clipped",
+            clipped,
+            65535 / depth_scale,
+            depth_scale,
+        )
     return labelled
 
 
@@ -248,8 +277,11 @@ def run(argv: list[str]) -> Path:
     check_checkpoint(args.depth_model, "--depth_model")
     check_checkpoint(args.segmentation_model, "--segmentation_model")
     output = Path(args.output_dir)
-    target = output / args.split if args.output_format == "folder" else \
-        output / "data" / f"{args.split}-00000-of-00001.parquet"
+    target = (
+        output / args.split
+        if args.output_format == "folder"
+        else output / "data" / f"{args.split}-00000-of-00001.parquet"
+    )
     if target.exists():
         raise UsageError(f"--output_dir {output}: {target} exists already; nothing is overwritten")
     source = Path(args.dataset)
@@ -261,12 +293,22 @@ def run(argv: list[str]) -> Path:
             dataset = load_mapped_dataset(args.dataset, mapping, split=args.split)
     except (OSError, ValueError) as error:
         raise UsageError(f"--dataset {args.dataset}: {error}") from error
-    labelled = pseudo_label(dataset, args.depth_model, args.segmentation_model, batch_size=args.batch_size,
-                            depth_scale=args.depth_scale, device=args.device)
-    written = (write_folder_layout if args.output_format == "folder" else write_parquet)(labelled, output,
-                                                                                         args.split)
-    details: dict[str, Any] = {"source": args.dataset, "rows": len(labelled), "depth_model": args.depth_model,
-                               "depth_scale": args.depth_scale, "segmentation_model": args.segmentation_model}
+    labelled = pseudo_label(
+        dataset,
+        args.depth_model,
+        args.segmentation_model,
+        batch_size=args.batch_size,
+        depth_scale=args.depth_scale,
+        device=args.device,
+    )
+    written = (write_folder_layout if args.output_format == "folder" else write_parquet)(labelled, output, args.split)
+    details: dict[str, Any] = {
+        "source": args.dataset,
+        "rows": len(labelled),
+        "depth_model": args.depth_model,
+        "depth_scale": args.depth_scale,
+        "segmentation_model": args.segmentation_model,
+    }
     if args.segmentation_model:
         from transformers import AutoConfig
 

@@ -34,8 +34,15 @@ LABEL_NAMES = tuple(CLASS_NAMES[c] for c in OBJECT_CLASSES)
 SPLITS = ("train", "test", "downstream_train", "downstream_test")
 GENERATOR_VERSION = 1  # part of the fingerprint: bump when the rendering changes
 # Hue (degrees) per class: colour is a cue for the class, but overlapping ranges keep it from being the whole answer.
-_CLASS_HUES = {FLOOR: (20, 45), WALL: (30, 200), BOX: (0, 40), SPHERE: (100, 160), CYLINDER: (200, 260),
-               RUG: (280, 360), PICTURE: (0, 360)}
+_CLASS_HUES = {
+    FLOOR: (20, 45),
+    WALL: (30, 200),
+    BOX: (0, 40),
+    SPHERE: (100, 160),
+    CYLINDER: (200, 260),
+    RUG: (280, 360),
+    PICTURE: (0, 360),
+}
 
 
 @dataclass(frozen=True)
@@ -145,17 +152,25 @@ def _material(rng: np.random.Generator, kind: int, config: SceneConfig) -> Mater
     hue = rng.uniform(low, high) % 360
     base = _hsv(hue, rng.uniform(0.35, 0.8), rng.uniform(0.55, 0.95))
     accent = _hsv((hue + rng.uniform(-30, 30)) % 360, rng.uniform(0.2, 0.9), rng.uniform(0.2, 0.6))
-    return Material(base, accent, str(rng.choice(["stripes", "checks"])), float(rng.uniform(*config.texture_frequency)),
-                    float(rng.uniform(0, np.pi)))
+    return Material(
+        base,
+        accent,
+        str(rng.choice(["stripes", "checks"])),
+        float(rng.uniform(*config.texture_frequency)),
+        float(rng.uniform(0, np.pi)),
+    )
 
 
 def sample_scene(rng: np.random.Generator, config: SceneConfig) -> Scene:
     """Draw a random scene; objects stand inside the room and in front of the camera, not overlapping."""
     scene = Scene(
-        camera_height=rng.uniform(*config.camera_height), pitch=np.radians(rng.uniform(*config.pitch_degrees)),
-        room_depth=rng.uniform(*config.room_depth), room_half_width=rng.uniform(*config.room_half_width),
+        camera_height=rng.uniform(*config.camera_height),
+        pitch=np.radians(rng.uniform(*config.pitch_degrees)),
+        room_depth=rng.uniform(*config.room_depth),
+        room_half_width=rng.uniform(*config.room_half_width),
         light=_unit(np.array([rng.uniform(-1, 1), rng.uniform(0.8, 1.5), rng.uniform(-1.0, 0.3)])),
-        floor=_material(rng, FLOOR, config), wall=_material(rng, WALL, config),
+        floor=_material(rng, FLOOR, config),
+        wall=_material(rng, WALL, config),
     )
     half_fov = np.tan(np.radians(config.fov_degrees) / 2)
     footprints: list[tuple[float, float, float]] = []
@@ -180,8 +195,11 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig) -> Scene:
             scene.objects.append(Primitive(kind, np.array([x, floor_y, z]), (radius * 0.8, height), material))
         else:
             half = (radius * 0.7, rng.uniform(0.2, 0.6), radius * 0.7)
-            scene.objects.append(Primitive(kind, np.array([x, floor_y + half[1], z]), half, material,
-                                           yaw=float(rng.uniform(0, np.pi / 2))))
+            scene.objects.append(
+                Primitive(
+                    kind, np.array([x, floor_y + half[1], z]), half, material, yaw=float(rng.uniform(0, np.pi / 2))
+                )
+            )
     for _ in range(int(rng.integers(0, config.max_distractors + 1))):
         if rng.random() < 0.5:
             z = rng.uniform(1.5, scene.room_depth - 0.5)
@@ -189,8 +207,9 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig) -> Scene:
             scene.decals.append(Decal(RUG, np.array([x, z]), (rng.uniform(0.3, 0.8),), _material(rng, RUG, config)))
         else:
             center = np.array([rng.uniform(-1.5, 1.5), rng.uniform(0.0, 1.2) - 0.3])
-            scene.decals.append(Decal(PICTURE, center, (rng.uniform(0.3, 0.8), rng.uniform(0.25, 0.5)),
-                                      _material(rng, PICTURE, config)))
+            scene.decals.append(
+                Decal(PICTURE, center, (rng.uniform(0.3, 0.8), rng.uniform(0.25, 0.5)), _material(rng, PICTURE, config))
+            )
     return scene
 
 
@@ -256,8 +275,11 @@ def _intersect(obj: Primitive, rays: np.ndarray) -> tuple[np.ndarray, np.ndarray
         point = rays * np.where(np.isfinite(t), t, 0)[:, None]
         radial = point[:, [0, 2]] - center
         on_side = side <= top
-        normal = np.where(on_side[:, None], np.stack([radial[:, 0], np.zeros(len(t)), radial[:, 1]], 1) / radius,
-                          np.array([0.0, 1.0, 0.0]))
+        normal = np.where(
+            on_side[:, None],
+            np.stack([radial[:, 0], np.zeros(len(t)), radial[:, 1]], 1) / radius,
+            np.array([0.0, 1.0, 0.0]),
+        )
         angle = np.arctan2(radial[:, 0], radial[:, 1]) * radius
         uv = np.where(on_side[:, None], np.stack([angle, point[:, 1]], 1), radial)
         return t, normal, uv
@@ -274,8 +296,11 @@ def _intersect(obj: Primitive, rays: np.ndarray) -> tuple[np.ndarray, np.ndarray
     local_normal = np.zeros_like(direction)
     local_normal[np.arange(len(t)), axis] = -np.sign(direction[np.arange(len(t)), axis])
     local_point = origin + direction * np.where(np.isfinite(t), t, 0)[:, None]
-    uv = np.where(axis[:, None] == 1, local_point[:, [0, 2]], np.stack([local_point[:, 0] + local_point[:, 2],
-                                                                        local_point[:, 1]], 1))
+    uv = np.where(
+        axis[:, None] == 1,
+        local_point[:, [0, 2]],
+        np.stack([local_point[:, 0] + local_point[:, 2], local_point[:, 1]], 1),
+    )
     return t, local_normal @ to_local, uv
 
 
@@ -320,12 +345,16 @@ def render_scene(scene: Scene, config: SceneConfig, rng: np.random.Generator | N
         albedo[pixels] = _albedo(material, uv[pixels] if uv is not None else points[pixels][:, plane_axes[index]])
     for decal in scene.decals:
         if decal.kind == RUG:
-            covered = (nearest == 0) & (np.hypot(points[:, 0] - decal.center[0], points[:, 2] - decal.center[1])
-                                        <= decal.size[0])
+            covered = (nearest == 0) & (
+                np.hypot(points[:, 0] - decal.center[0], points[:, 2] - decal.center[1]) <= decal.size[0]
+            )
             uv = points[:, [0, 2]]
         else:
-            covered = ((nearest == 1) & (np.abs(points[:, 0] - decal.center[0]) <= decal.size[0])
-                       & (np.abs(points[:, 1] - decal.center[1]) <= decal.size[1]))
+            covered = (
+                (nearest == 1)
+                & (np.abs(points[:, 0] - decal.center[0]) <= decal.size[0])
+                & (np.abs(points[:, 1] - decal.center[1]) <= decal.size[1])
+            )
             uv = points[:, [0, 1]]
         semseg[covered] = decal.kind
         albedo[covered] = _albedo(decal.material, uv[covered])
@@ -381,12 +410,19 @@ def generate_scenes(num_images: int, split: str = "train", seed: int = 0, config
         columns["depth"].append(Image.fromarray(np.round(rendered.depth * 1000).astype(np.uint16)))
         columns["semseg"].append(Image.fromarray(rendered.semseg))
         columns["label"].append(label)
-    features = datasets.Features({
-        "id": datasets.Value("string"), "rgb": datasets.Image(), "depth": datasets.Image(),
-        "semseg": datasets.Image(), "label": datasets.ClassLabel(names=list(LABEL_NAMES)),
-    })
-    description = (f"robust_pretrain procedural scenes v{GENERATOR_VERSION}: split={split} seed={seed} "
-                   f"n={num_images} config={asdict(config)}; semseg classes {list(CLASS_NAMES)}")
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "rgb": datasets.Image(),
+            "depth": datasets.Image(),
+            "semseg": datasets.Image(),
+            "label": datasets.ClassLabel(names=list(LABEL_NAMES)),
+        }
+    )
+    description = (
+        f"robust_pretrain procedural scenes v{GENERATOR_VERSION}: split={split} seed={seed} "
+        f"n={num_images} config={asdict(config)}; semseg classes {list(CLASS_NAMES)}"
+    )
     info = datasets.DatasetInfo(description=description, features=features)
     return datasets.Dataset.from_dict(columns, features=features, info=info, split=split)
 
