@@ -337,7 +337,8 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
             "",
             "## How this checkpoint was made",
             "",
-            f"Pre-training, then the GLUE suite that merged the results above into this card: one run of `{args.script}` "
+            "Pre-training, then the GLUE suite that merged the results above into this card: "
+            f"one run of `{args.script}` "
             f"(`$OUT` is its output folder; evidence tables: `{args.out.with_suffix('.md')}`):",
             "",
             "```bash",
