@@ -110,6 +110,34 @@ def test_simplex_projection_is_the_closest_point():
             assert (v - p).norm() <= (v - q).norm() + 1e-6
 
 
+@pytest.mark.parametrize(
+    ("v", "dtype", "expected"),
+    [
+        ([1e8, 0.0], torch.float32, [1.0, 0.0]),  # float32: 1e8 - 1 == 1e8, the sort-based test used to find no support
+        ([1e8, 1e8 - 0.5], torch.float64, [0.75, 0.25]),
+        ([1e30, -1e30, 3.0], torch.float32, [1.0, 0.0, 0.0]),
+        ([3e38, 3e38], torch.float32, [0.5, 0.5]),  # near float32's largest value
+        ([-1e20, -1e20 + 2**66, -1e20], torch.float64, [0.0, 1.0, 0.0]),
+    ],
+)
+def test_simplex_projection_of_finite_vectors_of_any_magnitude(v, dtype, expected):
+    p = project_to_simplex(torch.tensor(v, dtype=dtype))
+    assert p.dtype == dtype
+    assert torch.allclose(p, torch.tensor(expected, dtype=dtype), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_simplex_projection_refuses_non_finite_values(bad):
+    with pytest.raises(ValueError, match="project_to_simplex needs finite values"):
+        project_to_simplex(torch.tensor([bad, 0.0]))
+
+
+def test_morbit_with_a_huge_loss_puts_all_weight_on_that_task():
+    strategy = build_weighting("morbit", 3, morbit_step_size=0.01)
+    w = strategy.weights(torch.tensor([1e10, 1.0, 0.0]), ALL)
+    assert w.tolist() == [1.0, 0.0, 0.0]
+
+
 def test_morbit_projected_ascent_step():
     strategy = build_weighting("morbit", 3, morbit_step_size=0.5)
     w = strategy.weights(torch.tensor([1.0, 0.0, 0.0]), ALL)

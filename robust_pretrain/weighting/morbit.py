@@ -14,15 +14,23 @@ from .base import Weighting
 
 
 def project_to_simplex(v: torch.Tensor) -> torch.Tensor:
-    """Euclidean projection of a vector onto ``{x : x >= 0, sum x = 1}``."""
+    """Euclidean projection of a finite vector onto ``{x : x >= 0, sum x = 1}``, in the dtype of ``v``.
+
+    Computed in float64 on ``v - max(v)`` (the projection is unchanged by adding a constant to every entry), so the
+    largest entry always satisfies the support condition exactly, whatever the magnitude of ``v``.
+    """
     if v.dim() != 1 or v.numel() == 0:
         raise ValueError(f"project_to_simplex needs a non-empty vector, got shape {tuple(v.shape)}")
-    u, _ = torch.sort(v, descending=True)
+    if not torch.isfinite(v).all():
+        raise ValueError(f"project_to_simplex needs finite values, got {v.tolist()}")
+    shifted = v.double() - v.double().max()
+    u, _ = torch.sort(shifted, descending=True)
     cumulative = torch.cumsum(u, dim=0) - 1.0
-    k = torch.arange(1, v.numel() + 1, dtype=v.dtype)
+    k = torch.arange(1, v.numel() + 1, dtype=torch.float64)
+    # the support is u[:rho + 1]; index 0 always belongs to it (u[0] = 0, cumulative[0] = -1)
     rho = int(torch.nonzero(u - cumulative / k > 0).max())
     theta = cumulative[rho] / (rho + 1)
-    return (v - theta).clamp_min(0.0)
+    return (shifted - theta).clamp_min(0.0).to(v.dtype)
 
 
 class MorbitWeighting(Weighting):
