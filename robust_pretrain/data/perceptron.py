@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from robust_pretrain.data.word_tokenizer import script_upos
+
 START = ("-START-", "-START2-")
 END = ("-END-", "-END2-")
 OFFSETS = (-2, -1, 0, 1, 2)
@@ -72,6 +74,16 @@ MAX_CACHED_TYPES = 100_000
 
 def _padding(word: str) -> bool:
     return word in START or word in END
+
+
+def fixed_tag(word: str, tagdict: dict[str, str], lexicon: dict[str, str]) -> str | None:
+    """The tag a word gets without scoring, or None: its tag-dictionary entry; else, for a word never seen in training
+    with no Latin letter or digit, the tag of its script (:func:`~robust_pretrain.data.word_tokenizer.script_upos`:
+    ``X`` for other scripts, ``PUNCT``, ``SYM``); an English model has no evidence to call it a noun."""
+    tag = tagdict.get(word)
+    if tag is None and normalize_word(word) not in lexicon:
+        tag = script_upos(word)
+    return tag
 
 
 def context_norm(word: str) -> str:
@@ -284,7 +296,8 @@ class VectorizedPerceptron:
         weights[rows, cols] = model["values"]  # (feature, class) pairs are unique
         self._weights = weights
         class_index = {name: k for k, name in enumerate(self.classes)}
-        self._tagdict = {word: class_index[tag] for word, tag in model["tagdict"].items()}
+        self._class_index = class_index
+        self._tagdict: dict[str, str] = model["tagdict"]
         # Tag states: the classes, then the two START symbols (prev at i=0 is START[0], prev2 is START[1]).
         states = [*self.classes, *START]
         self._start_state, self._start2_state = n_classes, n_classes + 1
@@ -394,7 +407,9 @@ class VectorizedPerceptron:
             self._type_tagdict = np.concatenate([self._type_tagdict, np.full(extra, -1, dtype=np.int64)])
             self._type_word = np.concatenate([self._type_word, np.full(extra, -1, dtype=np.int64)])
         self._type_id.update(zip(words, range(first, needed), strict=True))
-        self._type_tagdict[first:needed] = [self._tagdict.get(word, -1) for word in words]
+        lexicon, class_index = self._featurizer.lexicon, self._class_index
+        fixed = (fixed_tag(word, self._tagdict, lexicon) for word in words)
+        self._type_tagdict[first:needed] = [class_index.get(tag, -1) if tag else -1 for tag in fixed]
         columns = list(zip(*map(self._featurizer.attributes, words), strict=True))
         self._type_word[first:needed] = [self._word_id.get(norm, -1) for norm in columns[0]]
         contributions = self._offset_table[first:needed]
@@ -484,7 +499,7 @@ def reference_tagger(model: dict) -> Callable[[Sequence[str]], list[str]]:
         prev, prev2 = START
         tags = []
         for i, word in enumerate(words):
-            predicted = model["tagdict"].get(word)
+            predicted = fixed_tag(word, model["tagdict"], model["lexicon"])
             if predicted is None:
                 features = featurizer.sentence_features(words, i, prev, prev2)
                 predicted, _ = perceptron.predict(dict.fromkeys(features, 1))

@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 
 from robust_pretrain.data.perceptron import VectorizedPerceptron, load_model
 from robust_pretrain.data.tasks import UPOS_TAGS
-from robust_pretrain.data.word_tokenizer import sentence_ranges, word_spans
+from robust_pretrain.data.word_tokenizer import script_upos, sentence_ranges, word_spans
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent / "resources" / "upos_perceptron_ewt.json.gz"
 
@@ -95,7 +95,8 @@ class NltkTagger:
     """NLTK's standard English perceptron (``nltk.pos_tag``), Penn tags mapped to UPOS by :func:`penn_to_upos`.
 
     NNP(S) -> PROPN, MD -> AUX, UH -> INTJ and SYM -> SYM refine the universal map; IN is always ADP (NLTK does
-    not separate subordinating conjunctions). Needs NLTK data (see the error message when it is missing).
+    not separate subordinating conjunctions). Words of other scripts, punctuation and symbols outside ASCII get
+    X/PUNCT/SYM (as in the shipped tagger). Needs NLTK data (see the error message when it is missing).
     """
 
     fingerprint = "nltk:averaged_perceptron_tagger_eng+universal_tagset"
@@ -123,8 +124,15 @@ class NltkTagger:
             spans = word_spans(text)
             words = [text[start:end] for start, end in spans]
             penn = [pair for start, end in sentence_ranges(words) for pair in self._tagger.tag(words[start:end])]
-            tagged.append([(start, end, penn_to_upos(tag)) for (start, end), (_, tag) in zip(spans, penn, strict=True)])
+            tags = [self._upos(word, tag) for word, tag in penn]
+            tagged.append([(start, end, tag) for (start, end), tag in zip(spans, tags, strict=True)])
         return tagged
+
+    def _upos(self, word: str, penn_tag: str) -> str:
+        """The UPOS of a tagged word; a word NLTK's model never saw with no Latin letter or digit gets the tag of its
+        script (:func:`~robust_pretrain.data.word_tokenizer.script_upos`), not the noun the model guesses."""
+        script_tag = None if word in self._tagger.tagdict else script_upos(word)
+        return script_tag or penn_to_upos(penn_tag)
 
 
 class CallableTagger:

@@ -10,6 +10,8 @@ internal ``.,:/`` (``3.14``, ``1,000``, ``10:30``) stay whole. Letters include n
 from __future__ import annotations
 
 import re
+import unicodedata
+from functools import lru_cache
 
 _LETTER = r"[^\W_]"
 _WORD_CHAR = r"[^\W_]|[\u0300-\u036f]"
@@ -55,3 +57,21 @@ def sentence_ranges(words: list[str]) -> list[tuple[int, int]]:
     if start < len(words):
         ranges.append((start, len(words)))
     return ranges
+
+
+@lru_cache(maxsize=65536)
+def script_upos(word: str) -> str | None:
+    """The UPOS tag of a word an English tagger cannot judge from its own training: None if it is ASCII (the
+    tagger has seen such words and symbols) or has a Latin letter or a digit (the tagger decides); else ``X`` when
+    it has letters of another script (a foreign word, as UD tags foreign words), ``PUNCT`` when it is punctuation
+    only (``。``, ``،``, ``«``), ``SYM`` otherwise (symbols, emoji)."""
+    if word.isascii():
+        return None
+    categories = []
+    for char in word:
+        if char.isdigit() or (char.isalpha() and unicodedata.name(char, "").startswith("LATIN")):
+            return None
+        categories.append(unicodedata.category(char))
+    if any(category.startswith("L") for category in categories):
+        return "X"
+    return "PUNCT" if all(category.startswith("P") for category in categories) else "SYM"
