@@ -14,6 +14,17 @@ full-size logits when predictions are collected), ``log``, ``create_optimizer`` 
 ``train`` (weighting state in checkpoints) are overridden; ``training_step`` is the Trainer's own, told through
 ``loss_is_scaled_for_ga`` (transformers >= 5.19) not to divide by the accumulation steps again.
 
+A model returning ``task_losses`` (and ``task_counts``) instead: its per-task counts are known only after each forward
+pass, so the step cannot be pooled exactly before the first backward; each micro-batch contributes
+``sum_t w_t * mean_t / GA`` (means pooled exactly over processes), and a task present in k of the GA micro-batches has
+the effective weight ``k / GA * w_t`` on the mean of its micro-batch means: that effective weight is what
+``step_weights``, the ``task_weight/*`` logs and checkpoints report (``w_t`` itself with ``GA = 1``). A task whose count
+is 0 is absent (its loss, the mean of nothing, may be NaN).
+
+Resuming checks that the weighting is built with the options saved in the checkpoint (``ValueError`` naming those
+that differ). In a distributed run the default process group is destroyed at interpreter exit (gloo's worker threads
+otherwise abort the finished process: ``terminate called without an active exception``).
+
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``
 is refused (return ``task_losses`` from the model instead). In distributed evaluation the repeats the sampler adds to
 complete the last batch are left out of the per-task eval losses, which therefore equal the 1-process values.
@@ -21,6 +32,7 @@ complete the last batch are left out of the per-task eval losses, which therefor
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -55,8 +67,9 @@ class MinimaxTrainer(Trainer):
     or any negative id marks a non-target). Alternatively the model returns ``task_losses`` (a dict task name ->
     mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are pooled over
     processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
-    micro-batch (with accumulation, a task missing from it gets no weight in that step). Pass ``weighting=`` to use a
-    strategy instance instead of the one the arguments describe.
+    micro-batch (with accumulation, a task missing from it gets no weight in that step, and ``step_weights`` holds the
+    effective weights ``k_t / GA * w_t``, see the module docstring). Pass ``weighting=`` to use a strategy instance
+    instead of the one the arguments describe.
     """
 
     # compute_loss normalises by the whole step's global per-task counts: the Trainer must not divide again.
@@ -85,7 +98,9 @@ class MinimaxTrainer(Trainer):
         if self.weighting.num_tasks != self.num_tasks:
             raise ValueError(f"weighting has {self.weighting.num_tasks} tasks, task_names has {self.num_tasks}")
         self.mlm_head = TargetPositionsHead.attach(self.model) if self.args.sparse_mlm_head else None
+        #: the weights of the step's objective over the union of its batches (as logged and checkpointed)
         self.step_weights = torch.zeros(self.num_tasks)
+        self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
         self._step_counts: torch.Tensor | None = None
         self._micro_index = 0
         # Running per-task (loss sums, counts) in float64: batch sums add up exactly, whatever the order of the
@@ -104,6 +119,8 @@ class MinimaxTrainer(Trainer):
         if epoch_callback is not None:
             self.add_callback(epoch_callback)
         self._warn_about_silent_fallbacks()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            register_process_group_teardown()
 
     def _warn_about_silent_fallbacks(self) -> None:
         """Say so when Accelerate quietly runs something other than what was asked: on CPU, an FSDP config runs DDP and
@@ -223,24 +240,23 @@ class MinimaxTrainer(Trainer):
         if unknown:
             raise ValueError(f"model returned losses for unknown tasks {sorted(unknown)}; task_names={self.task_names}")
         device = next(iter(task_losses.values())).device if task_losses else self.args.device
-        counts = torch.tensor(
-            [float((task_counts or {}).get(name, 1.0)) if name in task_losses else 0.0 for name in self.task_names],
-            device=device,
+        counts = [float((task_counts or {}).get(name, 1.0)) if name in task_losses else 0.0 for name in self.task_names]
+        for name, count in zip(self.task_names, counts, strict=True):
+            if not (math.isfinite(count) and count >= 0):
+                raise ValueError(f"task_counts[{name!r}] must be a finite number >= 0, got {count}")
+        # a task with count 0 is absent: its loss (the mean of an empty selection: NaN) must not enter as NaN * 0
+        sums = torch.stack(
+            [
+                task_losses[name].float().reshape(()) * count if count > 0 else torch.zeros((), device=device)
+                for name, count in zip(self.task_names, counts, strict=True)
+            ]
         )
-        sums = (
-            torch.stack(
-                [
-                    task_losses[name].float().reshape(()) if name in task_losses else torch.zeros((), device=device)
-                    for name in self.task_names
-                ]
-            )
-            * counts
-        )
-        return sums, counts
+        return sums, torch.tensor(counts, device=device)
 
     def _weighted_objective(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         step_counts = self._step_counts
-        if step_counts is None:  # dict-returning model: counts are only known after the forward pass
+        per_micro_batch = step_counts is None  # dict-returning model: counts are only known after the forward pass
+        if per_micro_batch:
             step_counts = self._all_reduce(counts.detach().float()) * self.current_gradient_accumulation_steps
         step_counts = step_counts.to(sums.device)
         present = step_counts > 0
@@ -252,16 +268,21 @@ class MinimaxTrainer(Trainer):
             means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
             self._check_finite(means, observed)
             grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
-            self.step_weights = (
+            self._rule_weights = (
                 self.weighting.weights(means, present, observed, grad_norms=grad_norms, task_counts=step_counts)
                 .detach()
                 .cpu()
             )
+            self.step_weights = torch.zeros(self.num_tasks) if per_micro_batch else self._rule_weights
             regularizer = self.weighting.regularizer(present)
         else:
             self._check_finite(sums.detach() / counts.clamp_min(1), counts > 0)
+        if per_micro_batch:  # effective weight: w_t / GA for each micro-batch where task t is present
+            self.step_weights = self.step_weights + self._rule_weights * present.cpu() / (
+                self.current_gradient_accumulation_steps
+            )
         self._micro_index += 1
-        weights = self.weighting.differentiable_weights(self.step_weights, present).to(sums.device)
+        weights = self.weighting.differentiable_weights(self._rule_weights, present).to(sums.device)
         loss = (weights * sums / step_counts.clamp_min(1)).sum() * self.accelerator.num_processes
         return loss if regularizer is None else loss + regularizer
 
@@ -396,6 +417,7 @@ class MinimaxTrainer(Trainer):
             state = {
                 "task_names": self.task_names,
                 "weighting": self.args.weighting,
+                "options": self.weighting.options(),
                 "step_weights": self.step_weights.tolist(),
                 "state": self.weighting.state_dict(),
             }
@@ -418,6 +440,18 @@ class MinimaxTrainer(Trainer):
             state = json.load(f)
         if state["task_names"] != self.task_names:
             raise ValueError(f"checkpoint tasks {state['task_names']} differ from task_names {self.task_names}")
+        saved, current = state.get("options"), self.weighting.options()
+        if saved is None:
+            logger.warning(f"{path} predates saved weighting options: cannot check that this run uses the same ones")
+        elif saved != current:
+            differ = [name for name in dict.fromkeys([*current, *saved]) if saved.get(name) != current.get(name)]
+            raise ValueError(
+                f"{checkpoint_dir} was trained with "
+                + ", ".join(f"{name}={saved.get(name)!r}" for name in differ)
+                + "; this run has "
+                + ", ".join(f"{name}={current.get(name)!r}" for name in differ)
+                + ": resume with the checkpoint's weighting options, or train into a new output_dir"
+            )
         self.weighting.load_state_dict(state["state"])
         self.step_weights = torch.tensor(state["step_weights"])
 
@@ -434,6 +468,26 @@ class MinimaxTrainer(Trainer):
         if isinstance(checkpoint, str):
             self.load_weighting_state(checkpoint)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+
+def register_process_group_teardown() -> None:
+    """Destroy the default process group at interpreter exit (once, whoever created it).
+
+    Left alive, gloo's worker threads can still hold work with Python tensors while the interpreter finalises, and the
+    finished process aborts (``terminate called without an active exception``, exit -6): torchrun reports a failure.
+    """
+    global _teardown_registered
+    if not _teardown_registered:
+        atexit.register(_destroy_process_group)
+        _teardown_registered = True
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+_teardown_registered = False
 
 
 class _LogLastStepCallback(TrainerCallback):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from ports import free_port
 from safetensors.torch import load_file
-from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
+from tiny_training import TASKS, TaskLossBert, as_dataset, masked_examples, tiny_bert
 from transformers import BertConfig, BertForSequenceClassification, TrainerCallback
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
@@ -400,3 +400,121 @@ def test_tensorboard_receives_task_weights_and_losses(tmp_path):
     assert {f"train/task_weight/{t}" for t in TASKS} | {f"train/task_loss/{t}" for t in TASKS} <= tags
     weights = [events.Scalars(f"train/task_weight/{t}")[-1].value for t in TASKS]
     assert sum(weights) == pytest.approx(1.0, abs=1e-5)
+
+
+class EmptyTaskModel(torch.nn.Module):
+    """Task ``adjective`` has no targets: its loss is the mean of an empty selection (NaN), its count 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+
+    def forward(self, x):
+        empty = x[x < 0]
+        return {
+            "task_losses": {"verb": (self.theta[0] * x).pow(2).mean(), "noun": (self.theta[1] * x).pow(2).mean(),
+                            "adjective": (self.theta.sum() * empty).pow(2).mean()},
+            "task_counts": {"verb": x.numel(), "noun": x.numel(), "adjective": 0},
+        }  # fmt: skip
+
+
+def test_a_task_with_count_zero_and_a_nan_mean_is_absent(tmp_path):
+    trainer = MinimaxTrainer(
+        model=EmptyTaskModel(),
+        args=make_args(tmp_path, alpha=0.1, max_steps=2, remove_unused_columns=False),
+        train_dataset=as_dataset({"x": torch.ones(16)}),
+    )
+    loss = one_step(trainer, {"x": torch.ones(4)})
+    expected_weights = torch.softmax(0.1 * torch.tensor([1.0, 4.0]), 0)
+    assert loss.item() == pytest.approx(float(expected_weights @ torch.tensor([1.0, 4.0])), rel=1e-6)
+    assert (
+        trainer.step_weights[:2].tolist() == pytest.approx(expected_weights.tolist()) and trainer.step_weights[2] == 0
+    )
+    loss.backward()
+    assert torch.isfinite(trainer.model.theta.grad).all()
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 2 and all(math.isfinite(entry["loss"]) for entry in logged)
+    assert all("task_loss/adjective" not in entry and entry["task_weight/adjective"] == 0 for entry in logged)
+    assert all(math.isfinite(entry["task_loss/verb"]) and math.isfinite(entry["task_loss/noun"]) for entry in logged)
+
+
+@pytest.mark.parametrize("count", [-1.0, math.nan, math.inf])
+def test_an_invalid_task_count_is_refused(tmp_path, count):
+    model = DictLossModel()
+    model.forward = lambda x: {"task_losses": {"verb": x.mean()}, "task_counts": {"verb": count}}
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path))
+    with pytest.raises(ValueError, match=r"task_counts\['verb'\] must be a finite number >= 0"):
+        one_step(trainer, {"x": torch.ones(4)})
+
+
+class SequentialTrainer(MinimaxTrainer):
+    """Feeds the training examples in order (so the test knows which micro-batch holds which examples)."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        return torch.utils.data.SequentialSampler(train_dataset or self.train_dataset)
+
+
+def test_task_losses_model_with_accumulation_logs_the_effective_weights(tmp_path):
+    """GA = 4 micro-batches of 2 examples, ``adjective`` only in the first: the step's gradient is that of
+    ``sum_i sum_t w_t mean_{t,i} / 4`` (w from micro-batch 0), so the logged weight of ``adjective`` is ``w / 4``."""
+    examples = masked_examples(8)
+    in_later = (torch.arange(8) >= 2)[:, None] & (examples["task_ids"] == 2)
+    examples["labels"][in_later], examples["task_ids"][in_later] = -100, -100
+    renamed = {("target_task_ids" if k == "task_ids" else k): v for k, v in examples.items()}
+    args = make_args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=4, alpha=1.0)
+    trainer = SequentialTrainer(model=TaskLossBert(), args=args, train_dataset=as_dataset(renamed))
+    recorder = GradRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train()
+    # by hand: micro-batch means of the initial model, weights softmax(means of micro-batch 0)
+    model = TaskLossBert()
+    presence = torch.zeros(3)
+    objective = 0.0
+    for i in range(4):
+        rows = slice(2 * i, 2 * i + 2)
+        logits = model.bert(input_ids=examples["input_ids"][rows]).logits
+        mask = examples["labels"][rows] != -100
+        ce = torch.nn.functional.cross_entropy(logits[mask], examples["labels"][rows][mask], reduction="none")
+        ids = examples["task_ids"][rows][mask]
+        means = {t: ce[ids == t].mean() for t in range(3) if (ids == t).any()}
+        if i == 0:
+            assert sorted(means) == [0, 1, 2]
+            weights = torch.softmax(torch.stack([means[t] for t in range(3)]).detach(), 0)
+        for t, mean in means.items():
+            objective = objective + weights[t] * mean / 4
+            presence[t] += 1
+    assert presence.tolist() == [4, 4, 1]
+    objective.backward()
+    expected = {f"bert.{n}": p.grad for n, p in model.bert.named_parameters() if p.grad is not None}
+    assert max_relative_difference(expected, recorder.grads) <= 1e-5
+    effective = weights * presence / 4
+    entry = next(e for e in trainer.state.log_history if "loss" in e)
+    assert [entry[f"task_weight/{t}"] for t in TASKS] == pytest.approx(effective.tolist(), abs=1e-6)
+    assert trainer.step_weights.tolist() == pytest.approx(effective.tolist(), abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("changed", "message"),
+    [
+        ({"alpha": 2.0}, "trained with alpha=1.0; this run has alpha=2.0"),
+        ({"weight_floor": 0.1}, "trained with weight_floor=0.0; this run has weight_floor=0.1"),
+        ({"alpha_schedule": "sqrt", "loss_ema": 0.5}, "alpha_schedule='constant', loss_ema=0.0; this run has"),
+        ({"weighting": "group_dro", "alpha": None}, r"dro_step_size=None.*this run has.*dro_step_size=0\.01"),
+    ],
+)
+def test_resume_with_other_weighting_options_is_refused_naming_them(tmp_path, changed, message):
+    options = dict(max_steps=2, per_device_train_batch_size=4, save_strategy="steps", save_steps=2, alpha=1.0)
+    dataset = as_dataset(masked_examples(16))
+    MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path, **options), train_dataset=dataset).train()
+    options.update(changed, max_steps=4)
+    options = {k: v for k, v in options.items() if v is not None}
+    trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path, **options), train_dataset=dataset)
+    with pytest.raises(ValueError, match=message):
+        trainer.train(resume_from_checkpoint=True)
+    assert not (tmp_path / "out" / "checkpoint-4").exists()
+    same = {k: v for k, v in options.items() if k not in changed} | {"alpha": 1.0}
+    resumed = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path, **same), train_dataset=dataset)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4

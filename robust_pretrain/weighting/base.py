@@ -14,13 +14,14 @@ counts); :meth:`Weighting.weights` then requires that argument.
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 
-LOSS_NORMALIZATIONS = ("raw", "relative", "excess")
+from .arguments import DEFAULTS, check_weighting_options
 
 
 class Weighting(ABC):
@@ -46,14 +47,15 @@ class Weighting(ABC):
     def __init__(
         self,
         num_tasks: int,
-        loss_normalization: str = "raw",
-        reference_losses: list[float] | None = None,
-        loss_ema: float = 0.0,
+        loss_normalization: str = DEFAULTS.loss_normalization,
+        reference_losses: list[float] | None = DEFAULTS.reference_losses,
+        loss_ema: float = DEFAULTS.loss_ema,
     ) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-        if loss_normalization not in LOSS_NORMALIZATIONS:
-            raise ValueError(f"loss_normalization must be one of {LOSS_NORMALIZATIONS}, got {loss_normalization!r}")
+        check_weighting_options(
+            loss_normalization=loss_normalization, reference_losses=reference_losses, loss_ema=loss_ema
+        )
         if not self.loss_driven and (loss_normalization != "raw" or loss_ema):
             raise ValueError(f"{type(self).__name__} is not loss-driven: loss_normalization and loss_ema do not apply")
         if loss_normalization == "excess":
@@ -62,8 +64,6 @@ class Weighting(ABC):
                     f"loss_normalization='excess' needs reference_losses with one value per task ({num_tasks}), "
                     f"got {reference_losses!r}"
                 )
-        if not 0.0 <= loss_ema < 1.0:
-            raise ValueError(f"loss_ema must be in [0, 1), got {loss_ema}")
         self.num_tasks = num_tasks
         self.loss_normalization = loss_normalization
         self.reference_losses = None if reference_losses is None else torch.tensor(reference_losses).float()
@@ -161,6 +161,18 @@ class Weighting(ABC):
         for param in self.parameters():
             param.data = param.data.to(device)
         return self
+
+    def options(self) -> dict[str, Any]:
+        """The constructor options of this strategy (every ``__init__`` parameter but ``num_tasks``), JSON values."""
+        names = [
+            name
+            for cls in type(self).__mro__
+            if issubclass(cls, Weighting) and "__init__" in vars(cls)
+            for name in inspect.signature(cls.__init__).parameters
+            if name not in ("self", "num_tasks", "args", "kwargs") and hasattr(self, name)
+        ]
+        values = {name: getattr(self, name) for name in dict.fromkeys(names)}
+        return {name: value.tolist() if torch.is_tensor(value) else value for name, value in values.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state (NaN stored as ``null``); float32 values round-trip exactly through JSON."""
