@@ -23,7 +23,7 @@ from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
-from robust_pretrain.card import card_text_for_repo
+from robust_pretrain.reporting.cards import card_text_for_repo
 
 T = TypeVar("T")
 
@@ -176,8 +176,8 @@ def publish_output_dir(
     Everything in ``output_dir`` is uploaded (weights or adapter, config, tokenizer, README.md model card,
     task_report.json, task_weights.png, ...) except ``checkpoint-*/`` folders and optimizer / scheduler / scaler /
     RNG states, unless ``include_checkpoints=True``. ``revision`` names a branch, created from ``main`` if needed.
-    A model card written by :func:`robust_pretrain.card.render_model_card` is published re-rendered for the repo (its
-    code example loads the repo id); the local files are not changed.
+    A model card written by :func:`robust_pretrain.reporting.cards.render_model_card` is published re-rendered for the
+    repo (its code example loads the repo id); the local files are not changed.
 
     Raises:
         InvalidOutputDirError: ``output_dir`` is missing or holds no saved model (checked before any network call).

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard
 
-from robust_pretrain.card import CARD_CONTENT_NAME, ModelCardContent, build_model_card
+from robust_pretrain.reporting.cards import CARD_CONTENT_NAME, ModelCardContent, build_model_card
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:

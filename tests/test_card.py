@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 from test_recipe_pretrain import _one_thread, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
 
 import robust_pretrain
-from robust_pretrain.card import (
+from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
     TEMPLATE,
     ModelCardContent,

@@ -23,8 +23,8 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, hf_hub_download, snaps
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
-from robust_pretrain.card import ModelCardContent, local_files, pos_tasks, render_model_card
-from robust_pretrain.evaluation.cards import merge_into_card
+from robust_pretrain.reporting.cards import ModelCardContent, local_files, pos_tasks, render_model_card
+from robust_pretrain.reporting.suite_cards import merge_into_card
 from robust_pretrain.hub import (
     HubPublishError,
     InvalidOutputDirError,

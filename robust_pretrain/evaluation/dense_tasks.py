@@ -11,9 +11,8 @@ from typing import Any
 from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation.glue_tasks import glue_run_settings
 from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, SuiteTask, TaskFamily, TaskRunResult
+from robust_pretrain.reporting.recipe_cards import DENSE_CARD_METRICS, DENSE_TASK_TYPES
 from robust_pretrain.vision.finetune import (
-    CARD_METRICS,
-    CARD_TASK_TYPES,
     PRIMARY_METRICS,
     TASKS,
     DenseDataArguments,
@@ -35,7 +34,9 @@ DISPLAY_NAMES = {
 }
 # Reported metric keys (without ``eval_``): the fine-tuning card's, except top-5 (absent with fewer than 5 classes).
 # Fractions are shown x100, errors (AbsRel, RMSE in metres) as they are.
-SUITE_METRICS = {task: tuple(key for key in keys if key != "top5_accuracy") for task, keys in CARD_METRICS.items()}
+SUITE_METRICS = {
+    task: tuple(key for key in keys if key != "top5_accuracy") for task, keys in DENSE_CARD_METRICS.items()
+}
 _NOT_SCALED = ("abs_rel", "rmse")
 
 
@@ -90,7 +91,7 @@ def run_dense_task(
 def _row(task: str) -> SuiteTask:
     display_name, metric_label = DISPLAY_NAMES[task]
     target = ModelIndexTarget(
-        task_type=CARD_TASK_TYPES[task],
+        task_type=DENSE_TASK_TYPES[task],
         dataset_type="robust-pretrain-dense",
         dataset_name="dense downstream images (generated scenes' downstream_test, or the suite's --image_folder / "
         "--dataset_name)",

@@ -8,7 +8,8 @@ stopped and recomputes exactly the cells whose settings changed (and says which 
 
 Outputs: ``<family>_suite.json`` / ``.md`` (per task mean ± std over seeds, average, worst task named, deltas
 against a baseline) and, per checkpoint, ``model_cards/<checkpoint>/model_index.json`` plus a card fragment. A
-checkpoint's own ``README.md`` is edited only with ``--update_model_cards`` (see :mod:`.cards`).
+checkpoint's own ``README.md`` is edited only with ``--update_model_cards`` (see
+:mod:`robust_pretrain.reporting.suite_cards`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from transformers import HfArgumentParser
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import load_config_file, parse_with_config
-from robust_pretrain.evaluation.cards import check_card_updates, eval_results, write_card_outputs
 from robust_pretrain.evaluation.checkpoints import (
     checkpoint_identity,
     checkpoint_key,
@@ -37,6 +37,7 @@ from robust_pretrain.evaluation.checkpoints import (
     checkpoint_state,
 )
 from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask, TaskFamily, family_names, get_family
+from robust_pretrain.reporting.suite_cards import check_card_updates, eval_results, write_card_outputs
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ import logging
 import re
 import shutil
 import sys
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from robust_pretrain.cli import UsageError
 from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
-from robust_pretrain.reporting import (
-    TASK_REPORT_NAME,
-    TRAJECTORY_PLOT_NAME,
-    plot_task_trajectories,
-    write_task_report,
-)
+from robust_pretrain.reporting import TASK_REPORT_NAME
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
@@ -293,19 +287,6 @@ def train_and_evaluate(trainer: MinimaxTrainer, resume_checkpoint: str | None) -
     trainer.log_metrics("eval", eval_metrics)
     trainer.save_metrics("eval", eval_metrics)
     return eval_metrics
-
-
-def write_report_and_card(
-    trainer: MinimaxTrainer, report: dict[str, Any], task_names: list[str], render_card: Callable[[], Any]
-) -> None:
-    """``task_report.json``, the trajectory plot and the model card (``render_card``, also used by push_to_hub)."""
-    if not trainer.args.should_save:
-        return
-    output_dir = Path(trainer.args.output_dir)
-    write_task_report(report, output_dir)
-    plot_task_trajectories(task_names, trainer.state.log_history, output_dir / TRAJECTORY_PLOT_NAME)
-    trainer.card_renderer = render_card
-    trainer.create_model_card()
 
 
 def push(trainer: MinimaxTrainer) -> None:

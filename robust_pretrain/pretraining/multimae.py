@@ -23,21 +23,13 @@ a model card (README.md), ``*_results.json`` and the Trainer's checkpoints; it r
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForPreTraining, HfArgumentParser, set_seed
 
-from robust_pretrain.card import (
-    ModelCardContent,
-    TrainingData,
-    card_renderer,
-    hub_dataset,
-    modality_tasks,
-)
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
 from robust_pretrain.pretraining.common import (
@@ -49,10 +41,12 @@ from robust_pretrain.pretraining.common import (
     train_and_evaluate,
     training_settings,
     validate_training_args,
-    write_report_and_card,
     write_run_config,
 )
-from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
+from robust_pretrain.reporting import card_renderer, task_report
+from robust_pretrain.reporting.plots import plot_reconstructions
+from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multimae_card_content
+from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
 from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
@@ -60,7 +54,6 @@ from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMA
 
 logger = logging.getLogger(__name__)
 
-RECONSTRUCTIONS_NAME = "reconstructions.png"
 # From-scratch presets: encoder layers, hidden, heads, intermediate; decoder hidden, layers, heads, intermediate.
 MODEL_SIZES = {
     "tiny": (2, 64, 4, 256, 64, 1, 4, 256),
@@ -70,7 +63,6 @@ MODEL_SIZES = {
 # Options that do not change what a run computes: they may differ when it resumes.
 NOT_SETTINGS = {"overwrite_output_dir", "num_reconstructions"}
 HELD_OUT = "held_out"  # marks held-out rows for the collate function: they get the fixed evaluation masks
-LOSS_DESCRIPTIONS = {"mse": "MSE", "l1": "L1 on valid pixels", "cross_entropy": "cross-entropy"}
 
 
 @dataclass
@@ -294,25 +286,6 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
     return train, evaluation
 
 
-def training_data_card(data_args: DataArguments, train_size: int, eval_size: int) -> TrainingData:
-    if data_args.dataset_name is not None and not Path(data_args.dataset_name).exists():
-        return hub_dataset(data_args.dataset_name, data_args.dataset_config_name)
-    if data_args.dataset_name is not None or data_args.image_folder is not None:
-        kind = "image folder" if data_args.image_folder else "local dataset"
-        name = Path(data_args.image_folder or data_args.dataset_name).resolve().name
-        return TrainingData(
-            f"The {kind} `{name}` ({train_size} training and {eval_size} held-out images; see its own license)."
-        )
-    from robust_pretrain.vision import scenes
-
-    return TrainingData(
-        f"{train_size} procedural indoor scenes rendered by `robust_pretrain.vision.scenes` (generator "
-        f"v{scenes.GENERATOR_VERSION}, seed {data_args.scene_seed}, {data_args.scene_size}x{data_args.scene_size} "
-        f"pixels): RGB, metric depth and class maps ({', '.join(scenes.CLASS_NAMES)}), mutually consistent by "
-        f"ray casting; no external images. {eval_size} other scenes (the `test` split) are held out."
-    )
-
-
 @dataclass
 class HeldOutOrTrainingCollator:
     """Training rows get the epoch's random masks; held-out rows (a ``held_out`` column) the fixed evaluation masks
@@ -398,119 +371,6 @@ def build_processor(model_args: ModelArguments, data_args: DataArguments, config
         )
     except ValueError as err:
         raise UsageError(f"augmentation settings (--crop_scale, --crop_ratio, --flip_probability): {err}") from err
-
-
-# ------------------------------------------------------------------------------------------------------ outputs
-
-
-def _loss_description(spec: ModalitySpec) -> str:
-    if spec.loss == "mse" and spec.norm_pix_loss:
-        return "MSE on per-patch normalised pixels"
-    if spec.kind == "semseg":
-        return f"cross-entropy (ignore index {spec.ignore_index})"
-    return LOSS_DESCRIPTIONS[spec.loss] + (" (metres)" if spec.kind == "depth" else "")
-
-
-def card_modalities(config: MultiMAEConfig) -> dict[str, dict[str, Any]]:
-    return {
-        spec.name: {
-            "kind": spec.kind,
-            "channels": f"{spec.num_classes} classes" if spec.kind == "semseg" else spec.channels,
-            "loss": _loss_description(spec),
-        }
-        for spec in config.modalities
-    }
-
-
-def _display(spec: ModalitySpec, values: torch.Tensor, processor: MultiMAEImageProcessor, target: bool) -> np.ndarray:
-    """One image (C,H,W) or class map (H,W) / logits (C,H,W) as matplotlib draws it: RGB in [0, 1], depth in
-    metres, class ids; a target's invalid depth and ignored classes are NaN."""
-    if spec.kind == "rgb":
-        mean = torch.tensor(processor.image_mean)[:, None, None]
-        std = torch.tensor(processor.image_std)[:, None, None]
-        return (values.float() * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
-    if spec.kind == "depth":
-        depth = values.float()[0].numpy()
-        return np.where(depth > 0, depth, np.nan) if target else depth
-    ids = (values.argmax(0) if values.dim() == 3 else values).numpy().astype(float)
-    return np.where(ids == spec.ignore_index, np.nan, ids) if target else ids
-
-
-def _patch_pixels(hidden: np.ndarray, patch: int, grid_width: int) -> np.ndarray:
-    """Per-patch flags (N,) as a per-pixel boolean image."""
-    return np.kron(hidden.reshape(-1, grid_width), np.ones((patch, patch))).astype(bool)
-
-
-def _style(spec: ModalitySpec, image: np.ndarray) -> dict[str, Any]:
-    """``imshow`` options of a modality: depth on the colour scale of ``image`` (the target), classes by id."""
-    import matplotlib.pyplot as plt
-
-    if spec.kind == "depth":
-        finite = image[np.isfinite(image)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        return dict(cmap=plt.get_cmap("viridis").with_extremes(bad="white"), vmin=low, vmax=high)
-    if spec.kind == "semseg":
-        return dict(
-            cmap=plt.get_cmap("tab20").with_extremes(bad="white"), vmin=-0.5, vmax=19.5, interpolation="nearest"
-        )
-    return {}
-
-
-def plot_reconstructions(model, batch: dict[str, torch.Tensor], ids: list[str], processor, path: Path) -> Path:
-    """Per held-out image, one row per modality: the image's RGB input (first row), the modality's masked input
-    (hidden patches grey), the prediction, the prediction with the visible patches pasted in, and the target; each
-    row names the image's loss on the hidden patches. Depth: metres (viridis, white = invalid); semseg: one colour
-    per class (white = ignored)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    config: MultiMAEConfig = model.config
-    present = [spec for spec in config.modalities if spec.name in batch]
-    context = next((spec for spec in present if spec.kind == "rgb"), present[0])
-    model.eval()
-    with torch.no_grad():
-        outputs = [model(**{k: v[i : i + 1] for k, v in batch.items()}) for i in range(len(ids))]
-    rows = [(i, spec) for i in range(len(ids)) for spec in present]
-    titles = ("input", "masked input", "prediction", "prediction + visible", "target")
-    fig, axes = plt.subplots(
-        len(rows), len(titles), figsize=(1.75 * len(titles), 1.75 * len(rows) + 0.5), squeeze=False
-    )
-    patch, grid_width = config.patch_size, batch[present[0].name].shape[-1] // config.patch_size
-    for r, (i, spec) in enumerate(rows):
-        target = _display(spec, batch[spec.name][i], processor, target=True)
-        prediction = _display(spec, outputs[i].predictions[spec.name][0], processor, target=False)
-        hidden = batch[f"mask_{spec.name}"][i].numpy()
-        pixels = _patch_pixels(hidden, patch, grid_width)
-        pasted = np.where(pixels[..., None] if target.ndim == 3 else pixels, prediction, target)
-        style = _style(spec, target)
-        for c, image in enumerate((None, target, prediction, pasted, target)):
-            ax = axes[r, c]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c == 0:
-                if spec is present[0]:
-                    context_image = _display(context, batch[context.name][i], processor, target=True)
-                    ax.imshow(context_image, **_style(context, context_image))
-                    ax.set_ylabel(ids[i], fontsize=8)
-                else:
-                    ax.axis("off")
-                continue
-            ax.imshow(image, **style)
-            if c == 1:
-                ax.imshow(np.where(pixels[..., None], (0.55, 0.55, 0.55, 1.0), (0.0, 0.0, 0.0, 0.0)))  # grey: hidden
-                ax.set_ylabel(spec.name, fontsize=9)
-                ax.set_xlabel(f"{int((~hidden).sum())}/{hidden.size} patches visible", fontsize=7)
-            if c == 2:
-                ax.set_xlabel(f"hidden-patch loss {float(outputs[i].task_losses[spec.name]):.3f}", fontsize=7)
-    for ax, title in zip(axes[0], titles, strict=True):
-        ax.set_title(title, fontsize=9)
-    fig.suptitle("Held-out reconstructions (fixed evaluation masks)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.985))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------- main
@@ -607,54 +467,27 @@ def run(argv: list[str]) -> dict:
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
-    report_settings = {
-        "weighting": training_args.weighting,
-        "settings": {
-            "weighting": training_args.weighting,
-            **training_args.weighting_options(),
-            "image_size": config.image_size,
-            "patch_size": config.patch_size,
-            "num_visible_tokens": budget,
-            "mask_alpha": data_args.mask_alpha,
-            "max_steps": trainer.state.max_steps,
-            "learning_rate": training_args.learning_rate,
-            "per_device_train_batch_size": training_args.per_device_train_batch_size,
-            "seed": training_args.seed,
-            "processes": training_args.world_size,
-        },
+    recipe_settings = {
+        "image_size": config.image_size,
+        "patch_size": config.patch_size,
+        "num_visible_tokens": budget,
+        "mask_alpha": data_args.mask_alpha,
     }
-    report = task_report(
-        task_names, trainer.state.log_history, eval_metrics, report_settings, trainer.step_weights.tolist()
-    )
+    stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
+    report = task_report(task_names, trainer.state.log_history, eval_metrics, stated, trainer.step_weights.tolist())
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
-    notes = ()
-    if training_args.should_save and data_args.num_reconstructions:
+    reconstructions = training_args.should_save and data_args.num_reconstructions > 0
+    if reconstructions:
         shown = eval_dataset.select(range(min(data_args.num_reconstructions, len(eval_dataset))))
         examples = [shown[i] for i in range(len(shown))]
         plot_reconstructions(
             base, collator(examples), [e["id"] for e in examples], processor, output_dir / RECONSTRUCTIONS_NAME
         )
-        notes = (
-            f"Held-out reconstructions (input, masked input, prediction, target per modality):\n\n"
-            f"![Held-out reconstructions]({RECONSTRUCTIONS_NAME})",
-        )
-    write_report_and_card(
-        trainer,
-        report,
-        task_names,
-        card_renderer(
-            trainer,
-            ModelCardContent(
-                architecture=type(base).__name__,
-                tasks=replace(modality_tasks(card_modalities(config)), notes=notes),
-                report=report,
-                training_data=training_data_card(data_args, len(train_raw), len(eval_raw)),
-                base_model=model_args.model_name_or_path,
-                plot=TRAJECTORY_PLOT_NAME,
-            ),
-        ),
+    content = multimae_card_content(
+        base, report, model_args, data_args, len(train_raw), len(eval_raw), reconstructions=reconstructions
     )
+    write_report_and_card(trainer, report, card_renderer(trainer, content))
     push(trainer)
     return {**eval_metrics, "report": report}
 

@@ -11,6 +11,7 @@ last checkpoint in ``output_dir`` when there is one.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 import time
@@ -32,14 +33,6 @@ from transformers import (
     set_seed,
 )
 
-from robust_pretrain.card import (
-    EWT_TRAINING_DATA,
-    ModelCardContent,
-    card_renderer,
-    hub_dataset,
-    local_files,
-    pos_tasks,
-)
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
 from robust_pretrain.data import (
@@ -49,6 +42,7 @@ from robust_pretrain.data import (
     load_ewt_corpus,
     tokenize_and_tag,
 )
+from robust_pretrain.data.preprocessing import STREAM_POSITION_COLUMN, repeat_stream
 from robust_pretrain.pretraining.common import (
     create_trainer,
     file_fingerprint,
@@ -59,10 +53,11 @@ from robust_pretrain.pretraining.common import (
     train_and_evaluate,
     training_settings,
     validate_training_args,
-    write_report_and_card,
     write_run_config,
 )
-from robust_pretrain.reporting import TRAJECTORY_PLOT_NAME, task_report
+from robust_pretrain.reporting import card_renderer, task_report
+from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
+from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.task_losses import mlm_head_name
 from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
 from robust_pretrain.training_args import MinimaxTrainingArguments
@@ -142,7 +137,8 @@ class DataArguments:
             "help": "Stream --dataset_name / --train_file (a datasets IterableDataset, nothing cached): texts are "
             "tagged and packed on the fly where batches are drawn (in --dataloader_num_workers workers), each "
             "process reads its own files (Accelerate shards the stream by file: give at least as many files as "
-            "processes), and a resumed run replays the current epoch's batches, so it ends exactly like an "
+            "processes), each process reads its files over and over (one endless epoch), and a resumed run replays "
+            "the batches drawn so far, also past the end of a process's files, so it ends exactly like an "
             "uninterrupted one. Needs --max_steps, held-out data (--validation_file or a validation/test split, read "
             "whole or its first --max_eval_samples texts) and --tokenizer_name or --model_name_or_path."
         },
@@ -487,12 +483,25 @@ def premask(dataset: Dataset, collator: TaskGroupedMLMCollator, max_seq_length: 
 @dataclass
 class PremaskedOrTrainingCollator:
     """Held-out features are already masked (:func:`premask`) and only stacked; training features are masked on the
-    fly, with new masks each epoch (``MinimaxTrainer`` calls :meth:`set_epoch`)."""
+    fly, with new masks each epoch (``MinimaxTrainer`` calls :meth:`set_epoch`). A streamed batch
+    (:func:`~robust_pretrain.data.preprocessing.repeat_stream`) is masked with its first row's stream position as the
+    epoch: new masks in every pass over the stream, the same ones in a resumed run."""
 
     training: TaskGroupedMLMCollator
+    _streamed: TaskGroupedMLMCollator | None = field(default=None, init=False, repr=False)
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        return default_data_collator(features) if "labels" in features[0] else self.training(features)
+        if "labels" in features[0]:
+            return default_data_collator(features)
+        if STREAM_POSITION_COLUMN in features[0]:
+            return self._collate_streamed(features)
+        return self.training(features)
+
+    def _collate_streamed(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if self._streamed is None:  # a copy whose epoch (set per batch) is this process's own
+            self._streamed = dataclasses.replace(self.training)
+        self._streamed.set_epoch(features[0][STREAM_POSITION_COLUMN])
+        return self._streamed([{k: v for k, v in row.items() if k != STREAM_POSITION_COLUMN} for row in features])
 
     def set_epoch(self, epoch: int) -> None:
         self.training.set_epoch(epoch)
@@ -617,6 +626,7 @@ def run(argv: list[str]) -> dict:
     if data_args.streaming:  # every process reads its own files (Accelerate's default would read on process 0 only)
         training_args.accelerator_config.dispatch_batches = False
         log_stream_sharding(train_dataset, training_args.world_size)
+        train_dataset = repeat_stream(train_dataset)  # one endless epoch: a resume replays it exactly across passes
     trainer = create_trainer(
         training_args,
         model=model,
@@ -629,50 +639,20 @@ def run(argv: list[str]) -> dict:
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
-    report_settings = {
-        "weighting": training_args.weighting,
-        "settings": {
-            "weighting": training_args.weighting,
-            **training_args.weighting_options(),
-            "masking": data_args.masking,
-            "task_sampling": data_args.task_sampling,
-            "mlm_probability": data_args.mlm_probability,
-            "max_seq_length": data_args.max_seq_length,
-            "max_steps": trainer.state.max_steps,
-            "learning_rate": training_args.learning_rate,
-            "per_device_train_batch_size": training_args.per_device_train_batch_size,
-            "seed": training_args.seed,
-            "processes": training_args.world_size,
-        },
+    recipe_settings = {
+        "masking": data_args.masking,
+        "task_sampling": data_args.task_sampling,
+        "mlm_probability": data_args.mlm_probability,
+        "max_seq_length": data_args.max_seq_length,
     }
+    stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
     final_weights = trainer.step_weights.tolist()
-    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, report_settings, final_weights)
+    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, stated, final_weights)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
-    write_report_and_card(
-        trainer,
-        report,
-        spec.task_names,
-        card_renderer(
-            trainer,
-            ModelCardContent(
-                architecture=type(base.get_base_model() if model_args.use_lora else base).__name__,
-                tasks=pos_tasks(
-                    spec.to_dict(),
-                    unassigned_tags=[tag for tag in UPOS_TAGS if tag not in spec.tag_to_task],
-                    tagger=f"the `{data_args.tagger}` tagger backend",
-                ),
-                report=report,
-                training_data=hub_dataset(data_args.dataset_name, data_args.dataset_config_name)
-                if data_args.dataset_name
-                else local_files(*filter(None, (data_args.train_file, data_args.validation_file)))
-                if data_args.train_file
-                else EWT_TRAINING_DATA,
-                base_model=model_args.model_name_or_path,
-                plot=TRAJECTORY_PLOT_NAME,
-            ),
-        ),
-    )
+    unassigned = [tag for tag in UPOS_TAGS if tag not in spec.tag_to_task]
+    content = pos_mlm_card_content(base, tokenizer, report, model_args, data_args, spec.to_dict(), unassigned)
+    write_report_and_card(trainer, report, card_renderer(trainer, content))
     if training_args.should_save and model_args.use_lora and model_args.merge_lora:
         save_merged(base, tokenizer, output_dir / "merged")
     push(trainer)

@@ -33,14 +33,13 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
 import torch
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import (
     EvalPrediction,
@@ -52,11 +51,14 @@ from transformers import (
     ViTForImageClassification,
     set_seed,
 )
-from transformers.trainer_utils import SaveStrategy, SchedulerType
+from transformers.trainer_utils import SaveStrategy
 
-from robust_pretrain.cli import UsageError, check_checkpoint, looks_like_path, run_console
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import parse_with_config
 from robust_pretrain.finetuning import LoraArguments, log_train_results, prepare_output_dir
+from robust_pretrain.reporting.cards import render_finetuning_card
+from robust_pretrain.reporting.plots import plot_predictions
+from robust_pretrain.reporting.recipe_cards import dense_card_content
 from robust_pretrain.seeding import SetEpochCallback
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
@@ -263,10 +265,6 @@ class TaskData:
     description: str
 
 
-def target_column(task: str) -> str:
-    return {"semseg": "semseg", "depth": "depth", "classification": "label"}[task]
-
-
 def _limit(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
     return dataset if count is None else dataset.select(range(min(count, len(dataset))))
 
@@ -318,13 +316,116 @@ def _check_class_labels(dataset: datasets.Dataset, num_labels: int, where: str) 
         )
 
 
+def _image_folder_data(
+    task: str, data_args: DenseDataArguments, needed: list[str], num_labels: int | None, checks: dict[str, Any]
+) -> TaskData:
+    """The train and eval splits of ``--image_folder`` (classification: class names from each split's labels.csv)."""
+    from robust_pretrain.vision import loaders
+
+    root = Path(data_args.image_folder)
+    if not root.is_dir():
+        raise UsageError(f"--image_folder {root}: no such directory")
+    available = [p.name for p in root.iterdir() if p.is_dir()]
+    where = f"--image_folder {root}"
+    train_split = _default_split(available, data_args.train_split, ["train"], "--train_split", where)
+    eval_split = _default_split(available, data_args.eval_split, ["validation", "test"], "--eval_split", where)
+    if task == "semseg" and num_labels is None:
+        raise UsageError("--image_folder with --task semseg needs --num_labels (or --class_names)")
+    splits = {}
+    for split in (train_split, eval_split):
+        try:
+            splits[split] = loaders.load_image_folder(root, split, modalities=needed, **checks)
+        except (ValueError, FileNotFoundError) as err:
+            raise UsageError(f"{where}: {err}") from err
+    label_names = data_args.class_names
+    if task == "classification":
+        names = {split: _folder_labels(root / split, dataset) for split, dataset in splits.items()}
+        label_names = label_names or sorted(set(names[train_split]) | set(names[eval_split]))
+        splits = {
+            split: dataset.add_column("label", _class_ids(names[split], label_names, str(root / split)))
+            for split, dataset in splits.items()
+        }
+    description = f"the image folder `{root.resolve().name}` (splits {train_split} / {eval_split})"
+    return TaskData(splits[train_split], splits[eval_split], label_names, description)
+
+
+def _mapped_dataset_data(
+    task: str, data_args: DenseDataArguments, needed: list[str], num_labels: int | None, checks: dict[str, Any]
+) -> TaskData:
+    """The train and eval splits of ``--dataset_name``, columns mapped by ``--column_mapping``."""
+    from robust_pretrain.vision import loaders
+
+    mapping = data_args.mapping() or {name: name for name in [*needed, "label"]}
+    where = f"--dataset_name {data_args.dataset_name}"
+    try:
+        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+        raise UsageError(f"{where}: {err}") from err
+    train_split = _default_split(list(raw), data_args.train_split, ["train"], "--train_split", where)
+    eval_split = _default_split(list(raw), data_args.eval_split, ["validation", "test"], "--eval_split", where)
+    required = [*needed, "label"] if task == "classification" else needed
+    missing = [target for target in required if target not in mapping]
+    if missing:
+        raise UsageError(f"--column_mapping maps no column to {missing}, which --task {task} needs")
+    mapping = {target: column for target, column in mapping.items() if target in [*required, "id"]}
+    if task == "semseg" and num_labels is None:
+        raise UsageError(f"{where} with --task semseg needs --num_labels (or --class_names)")
+    splits = {}
+    for split in (train_split, eval_split):
+        try:
+            splits[split] = loaders.load_mapped_dataset(raw[split], mapping, **checks)
+        except ValueError as err:
+            raise UsageError(f"{where} [{split}]: {err}") from err
+    label_names = data_args.class_names
+    feature = splits[train_split].features.get("label")
+    if task == "classification" and label_names is None and isinstance(feature, datasets.ClassLabel):
+        label_names = list(feature.names)
+    description = f"the dataset `{data_args.dataset_name}` (splits {train_split} / {eval_split})"
+    return TaskData(splits[train_split], splits[eval_split], label_names, description)
+
+
+def _scene_data(task: str, data_args: DenseDataArguments) -> TaskData:
+    """The generated scenes' downstream splits (never seen in pre-training)."""
+    from robust_pretrain.vision import scenes
+
+    config = scenes.SceneConfig(image_size=data_args.scene_size)
+    train = scenes.generate_scenes(data_args.num_train_scenes, SCENE_SPLITS[0], data_args.scene_seed, config)
+    evaluation = scenes.generate_scenes(data_args.num_eval_scenes, SCENE_SPLITS[1], data_args.scene_seed, config)
+    label_names = data_args.class_names
+    if label_names is None:
+        label_names = list(scenes.CLASS_NAMES if task == "semseg" else scenes.LABEL_NAMES)
+    description = (
+        f"procedural indoor scenes (`robust_pretrain.vision.scenes` v{scenes.GENERATOR_VERSION}, seed "
+        f"{data_args.scene_seed}, {data_args.scene_size}x{data_args.scene_size} pixels): "
+        f"{data_args.num_train_scenes} `{SCENE_SPLITS[0]}` / {data_args.num_eval_scenes} `{SCENE_SPLITS[1]}` "
+        "scenes, disjoint from the pre-training splits"
+    )
+    return TaskData(train, evaluation, label_names, description)
+
+
+def _checked_label_names(task: str, data: TaskData, num_labels: int | None) -> list[str] | None:
+    """The task's class names (None for depth), every class id checked against them."""
+    label_names = data.label_names
+    if task == "depth":
+        return None
+    if task == "classification":
+        if label_names is None:
+            observed = int(max(data.train["label"] + data.evaluation["label"]))
+            label_names = [str(i) for i in range(num_labels or observed + 1)]
+        for split_name, dataset in (("training", data.train), ("evaluation", data.evaluation)):
+            _check_class_labels(dataset, len(label_names), f"the {split_name} split of {data.description}")
+    elif label_names is None:
+        label_names = [str(i) for i in range(num_labels)]
+    if task == "semseg" and num_labels is not None and len(label_names) != num_labels:
+        raise UsageError(f"--num_labels {num_labels} differs from the {len(label_names)} classes of {data.description}")
+    return label_names
+
+
 def load_task_data(
     task: str, data_args: DenseDataArguments, input_modalities: Sequence[str], patch_size: int | None
 ) -> TaskData:
-    """Load and check the training and evaluation images of ``task``; every problem is a :class:`UsageError`
-    naming the file, split, row or option."""
-    from robust_pretrain.vision import loaders, scenes
-
+    """Load and check the training and evaluation images of ``task`` (``--image_folder``, ``--dataset_name`` or the
+    generated scenes); every problem is a :class:`UsageError` naming the file, split, row or option."""
     needed = list(dict.fromkeys([*input_modalities, *([task] if task != "classification" else [])]))
     num_labels = data_args.num_labels if data_args.class_names is None else len(data_args.class_names)
     checks = dict(
@@ -333,89 +434,22 @@ def load_task_data(
         patch_size=patch_size,
         num_classes=num_labels if task == "semseg" else None,
     )
-    label_names = data_args.class_names
     if data_args.image_folder is not None:
-        root = Path(data_args.image_folder)
-        if not root.is_dir():
-            raise UsageError(f"--image_folder {root}: no such directory")
-        available = [p.name for p in root.iterdir() if p.is_dir()]
-        where = f"--image_folder {root}"
-        train_split = _default_split(available, data_args.train_split, ["train"], "--train_split", where)
-        eval_split = _default_split(available, data_args.eval_split, ["validation", "test"], "--eval_split", where)
-        if task == "semseg" and num_labels is None:
-            raise UsageError("--image_folder with --task semseg needs --num_labels (or --class_names)")
-        splits = {}
-        for split in (train_split, eval_split):
-            try:
-                splits[split] = loaders.load_image_folder(root, split, modalities=needed, **checks)
-            except (ValueError, FileNotFoundError) as err:
-                raise UsageError(f"{where}: {err}") from err
-        if task == "classification":
-            names = {split: _folder_labels(root / split, dataset) for split, dataset in splits.items()}
-            label_names = label_names or sorted(set(names[train_split]) | set(names[eval_split]))
-            splits = {
-                split: dataset.add_column("label", _class_ids(names[split], label_names, str(root / split)))
-                for split, dataset in splits.items()
-            }
-        train, evaluation = splits[train_split], splits[eval_split]
-        description = f"the image folder `{root.resolve().name}` (splits {train_split} / {eval_split})"
+        data = _image_folder_data(task, data_args, needed, num_labels, checks)
     elif data_args.dataset_name is not None:
-        mapping = data_args.mapping() or {name: name for name in [*needed, "label"]}
-        where = f"--dataset_name {data_args.dataset_name}"
-        try:
-            raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
-        except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
-            raise UsageError(f"{where}: {err}") from err
-        train_split = _default_split(list(raw), data_args.train_split, ["train"], "--train_split", where)
-        eval_split = _default_split(list(raw), data_args.eval_split, ["validation", "test"], "--eval_split", where)
-        required = [*needed, "label"] if task == "classification" else needed
-        missing = [target for target in required if target not in mapping]
-        if missing:
-            raise UsageError(f"--column_mapping maps no column to {missing}, which --task {task} needs")
-        mapping = {target: column for target, column in mapping.items() if target in [*required, "id"]}
-        if task == "semseg" and num_labels is None:
-            raise UsageError(f"{where} with --task semseg needs --num_labels (or --class_names)")
-        splits = {}
-        for split in (train_split, eval_split):
-            try:
-                splits[split] = loaders.load_mapped_dataset(raw[split], mapping, **checks)
-            except ValueError as err:
-                raise UsageError(f"{where} [{split}]: {err}") from err
-        train, evaluation = splits[train_split], splits[eval_split]
-        feature = train.features.get("label")
-        if task == "classification" and label_names is None and isinstance(feature, datasets.ClassLabel):
-            label_names = list(feature.names)
-        description = f"the dataset `{data_args.dataset_name}` (splits {train_split} / {eval_split})"
+        data = _mapped_dataset_data(task, data_args, needed, num_labels, checks)
     else:
-        config = scenes.SceneConfig(image_size=data_args.scene_size)
-        train = scenes.generate_scenes(data_args.num_train_scenes, SCENE_SPLITS[0], data_args.scene_seed, config)
-        evaluation = scenes.generate_scenes(data_args.num_eval_scenes, SCENE_SPLITS[1], data_args.scene_seed, config)
-        if label_names is None:
-            label_names = list(scenes.CLASS_NAMES if task == "semseg" else scenes.LABEL_NAMES)
-        description = (
-            f"procedural indoor scenes (`robust_pretrain.vision.scenes` v{scenes.GENERATOR_VERSION}, seed "
-            f"{data_args.scene_seed}, {data_args.scene_size}x{data_args.scene_size} pixels): "
-            f"{data_args.num_train_scenes} `{SCENE_SPLITS[0]}` / {data_args.num_eval_scenes} `{SCENE_SPLITS[1]}` "
-            "scenes, disjoint from the pre-training splits"
-        )
-    train = _limit(train, data_args.max_train_samples)
-    evaluation = _limit(evaluation, data_args.max_eval_samples)
-    for name, dataset in (("training", train), ("evaluation", evaluation)):
+        data = _scene_data(task, data_args)
+    data = replace(
+        data,
+        train=_limit(data.train, data_args.max_train_samples),
+        evaluation=_limit(data.evaluation, data_args.max_eval_samples),
+    )
+    for name, dataset in (("training", data.train), ("evaluation", data.evaluation)):
         if len(dataset) == 0:
             option = "--train_split" if name == "training" else "--eval_split"
-            raise UsageError(f"the {name} split of {description} is empty ({option})")
-    if task == "depth":
-        label_names = None
-    elif task == "classification":
-        if label_names is None:
-            label_names = [str(i) for i in range(num_labels or int(max(train["label"] + evaluation["label"])) + 1)]
-        for split_name, dataset in (("training", train), ("evaluation", evaluation)):
-            _check_class_labels(dataset, len(label_names), f"the {split_name} split of {description}")
-    elif label_names is None:
-        label_names = [str(i) for i in range(num_labels)]
-    if task == "semseg" and num_labels is not None and len(label_names) != num_labels:
-        raise UsageError(f"--num_labels {num_labels} differs from the {len(label_names)} classes of {description}")
-    return TaskData(train, evaluation, label_names, description)
+            raise UsageError(f"the {name} split of {data.description} is empty ({option})")
+    return replace(data, label_names=_checked_label_names(task, data, num_labels))
 
 
 @dataclass
@@ -676,169 +710,6 @@ def write_classification_results(
     return path
 
 
-# ------------------------------------------------------------------------------------------------------ outputs
-
-
-def plot_predictions(
-    task: str,
-    images: np.ndarray,
-    predictions: np.ndarray,
-    labels: np.ndarray,
-    processor: MultiMAEImageProcessor,
-    label_names: list[str] | None,
-    ignore_index: int,
-    path: Path,
-) -> Path:
-    """``predictions.png``: one row per image: input, prediction, target (classification: the input titled with
-    both class names). ``images`` are processed (normalised) RGB arrays (N, 3, H, W)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    mean, std = np.asarray(processor.image_mean)[:, None, None], np.asarray(processor.image_std)[:, None, None]
-    rgb = np.clip(images * std + mean, 0, 1).transpose(0, 2, 3, 1)
-    columns = 1 if task == "classification" else 3
-    figure, axes = plt.subplots(len(rgb), columns, figsize=(2.6 * columns, 2.6 * len(rgb)), squeeze=False)
-    for row, image in enumerate(rgb):
-        axes[row, 0].imshow(image)
-        if task == "classification":
-            predicted, target = label_names[int(predictions[row].argmax())], label_names[int(labels[row])]
-            axes[row, 0].set_title(f"prediction: {predicted}\ntarget: {target}", fontsize=9)
-        else:
-            axes[row, 0].set_title("input" if row == 0 else "", fontsize=9)
-            if task == "semseg":
-                style = {
-                    "cmap": "tab10" if len(label_names) <= 10 else "tab20",
-                    "vmin": 0,
-                    "vmax": max(len(label_names) - 1, 1),
-                    "interpolation": "nearest",
-                }
-                shown = [
-                    np.ma.masked_equal(predictions[row], ignore_index),
-                    np.ma.masked_equal(labels[row], ignore_index),
-                ]
-            else:
-                valid = labels[row][labels[row] > 0]
-                style = {
-                    "cmap": "viridis",
-                    "vmin": float(valid.min()) if valid.size else 0.0,
-                    "vmax": float(valid.max()) if valid.size else 1.0,
-                }
-                shown = [predictions[row], np.ma.masked_less_equal(labels[row], 0)]
-            for column, (values, title) in enumerate(zip(shown, ("prediction", "target"), strict=True), start=1):
-                drawn = axes[row, column].imshow(values, **style)
-                axes[row, column].set_title(title if row == 0 else "", fontsize=9)
-            if task == "depth":
-                figure.colorbar(drawn, ax=axes[row, 2], fraction=0.046, pad=0.04, label="metres")
-        for axis in axes[row]:
-            axis.axis("off")
-    if task == "semseg":  # one colour per class; ignored pixels are blank
-        colours = plt.get_cmap(style["cmap"])
-        handles = [
-            matplotlib.patches.Patch(color=colours(i / style["vmax"]), label=name) for i, name in enumerate(label_names)
-        ]
-        figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
-        figure.tight_layout(rect=(0, 0.03 * (1 + len(handles) // 5), 1, 1))
-    else:
-        figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
-
-
-CARD_TASK_TYPES = {
-    "semseg": "image-segmentation",
-    "depth": "depth-estimation",
-    "classification": "image-classification",
-}
-CARD_METRICS = {
-    "semseg": ("mean_iou", "pixel_accuracy"),
-    "depth": ("delta1", "abs_rel", "rmse"),
-    "classification": ("top1_accuracy", "top5_accuracy"),
-}
-_CARD_TEMPLATE = """---
-{{ card_data }}
----
-# {{ model_name }}
-
-## Fine-tuning: {{ task }}
-
-`{{ base }}` fine-tuned for {{ task_type }} with robust-pretrain's `finetune_dense` recipe
-({{ method }}; AdamW, peak lr {{ lr }}, layer-wise lr decay {{ layer_decay }}, weight decay {{ weight_decay }},
-warm-up {{ warmup }} then {{ schedule }}; {{ steps }} steps of batch {{ batch }}, seed {{ seed }}).
-Input: {{ inputs }}. Data: {{ data }}.
-
-| metric | value |
-|---|---|
-{% for name, value in metrics %}| {{ name }} | {{ value }} |
-{% endfor %}
-Per-image predictions: `{{ predictions_file }}` (`robust_pretrain.vision.finetune.recompute_metrics` recomputes the
-table from it); input / prediction / target of a few images: `predictions.png`.
-"""
-
-
-def write_card(
-    output_dir: Path,
-    run_args: DenseRunArguments,
-    model_args: DenseModelArguments,
-    lora_args: LoraArguments,
-    training_args: DenseTrainingArguments,
-    data: TaskData,
-    metrics: dict[str, float],
-    steps: int,
-) -> Path:
-    """A model card ``README.md``: the fine-tuning section and its eval results as ``model-index`` metadata."""
-    task, base = run_args.task, run_args.model_name_or_path
-    base_label = Path(base).name if looks_like_path(base) or Path(base).exists() else base
-    reported = [(name, metrics[f"eval_{name}"]) for name in CARD_METRICS[task] if f"eval_{name}" in metrics]
-    results = [
-        EvalResult(
-            task_type=CARD_TASK_TYPES[task],
-            dataset_type="local",
-            dataset_name=data.description.split(" (")[0],
-            dataset_split="eval",
-            metric_type=name,
-            metric_value=round(value, 4),
-        )
-        for name, value in reported
-    ]
-    method = (
-        f"LoRA r={lora_args.lora_r} on {', '.join(lora_args.lora_target_modules)} + full head"
-        if lora_args.use_lora
-        else "full fine-tuning"
-    )
-    card = ModelCard.from_template(
-        ModelCardData(
-            model_name=f"{base_label}-{task}",
-            eval_results=results,
-            library_name="transformers",
-            tags=["robust-pretrain", CARD_TASK_TYPES[task]],
-        ),
-        template_str=_CARD_TEMPLATE,
-        model_name=f"{base_label}-{task}",
-        task=task,
-        base=base_label,
-        task_type=CARD_TASK_TYPES[task],
-        method=method,
-        lr=training_args.learning_rate,
-        layer_decay=training_args.layer_decay,
-        weight_decay=training_args.weight_decay,
-        warmup=training_args.warmup_steps,
-        schedule=SchedulerType(training_args.lr_scheduler_type).value,
-        steps=steps,
-        batch=training_args.per_device_train_batch_size * training_args.world_size,
-        seed=training_args.seed,
-        inputs=" + ".join(model_args.input_modalities),
-        data=data.description,
-        metrics=[(name, f"{value:.4f}") for name, value in reported],
-        predictions_file=predictions_file_name(task),
-    )
-    path = output_dir / "README.md"
-    card.save(path)
-    return path
-
-
 # ---------------------------------------------------------------------------------------------------------- run
 
 
@@ -953,8 +824,7 @@ def run_finetune(
                     data_args.ignore_index,
                     output_dir / PREDICTIONS_PLOT,
                 )
-            write_card(
-                output_dir,
+            content = dense_card_content(
                 run_args,
                 model_args,
                 lora_args,
@@ -962,7 +832,9 @@ def run_finetune(
                 data,
                 eval_metrics,
                 trainer.state.global_step,
+                predictions_file_name(task),
             )
+            render_finetuning_card(output_dir, content)
     return eval_metrics
 
 

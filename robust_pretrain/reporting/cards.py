@@ -1,15 +1,18 @@
-"""Model card of a pre-training run, rendered from ``model_cards/template.md`` (package data) with ``huggingface_hub``.
+"""The one model-card renderer: every recipe's card, rendered from templates in ``model_cards/`` (package data) with
+``huggingface_hub``.
 
-One template serves every task family; what differs between families (PoS groups of masked words for text, image
-modalities for vision) is data, a :class:`TaskFamily`. Everything a card states comes from the run (its task report
-and settings, its data and base model) or from a verified source (the paper's citation in the template, the weighting
-strategy's own module docstring). A recipe builds a :class:`ModelCardContent` and renders it::
+Pre-training cards (``model_cards/template.md``) serve every task family; what differs between families (PoS groups
+of masked words for text, image modalities for vision, and any later family such as causal-LM pre-training) is data,
+a :class:`TaskFamily`. Fine-tuning cards (``model_cards/finetuning.md``, GLUE and dense) are a
+:class:`FineTuningCardContent`. Everything a card states comes from the run (its task report, settings, data, model
+and tokenizer, base model, metrics) or from a verified source (the paper's citation in the template, the weighting
+strategy's own module docstring). A pre-training recipe builds a :class:`ModelCardContent` and renders it::
 
     content = ModelCardContent(architecture="BertForMaskedLM", tasks=pos_tasks(...), report=report,
-                               training_data=EWT_TRAINING_DATA)
+                               training_data=EWT_TRAINING_DATA, model_size=model_size(model))
     trainer.card_renderer = card_renderer(trainer, content)  # README.md, naming the Hub repo once the Trainer has one
 
-Local paths appear in a card only as file names. Beside ``README.md`` the card's content is saved as
+Local paths appear in a card only as file names. Beside a pre-training ``README.md`` the card's content is saved as
 ``model_card.json``, so that publishing the folder later re-renders the card for its Hub repo
 (:func:`card_text_for_repo`).
 """
@@ -30,7 +33,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 if TYPE_CHECKING:
     from transformers import Trainer
 
-TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "template.md"  # package data: installed with the package
+TEMPLATES = Path(__file__).resolve().parents[1] / "model_cards"  # package data: installed with the package
+TEMPLATE = TEMPLATES / "template.md"  # pre-training
+FINETUNING_TEMPLATE = TEMPLATES / "finetuning.md"
 CARD_CONTENT_NAME = "model_card.json"
 EWT_DATA = (
     "Raw text of the [Universal Dependencies English Web Treebank](https://universaldependencies.org/treebanks/"
@@ -190,6 +195,9 @@ class ModelCardContent:
         base_model: the checkpoint training continued from: a Hub id, or a local path (kept as its folder name in
             ``local_base_model``).
         plot: file name of the task-weight plot in the output folder.
+        model_size: the trained model's size (:func:`model_size`): layers, hidden size, attention heads, parameters.
+        tokenizer: where the tokenizer comes from (:func:`trained_tokenizer`, :func:`checkpoint_tokenizer`); None for
+            a model without one.
     """
 
     architecture: str
@@ -199,6 +207,8 @@ class ModelCardContent:
     base_model: str | None = None
     local_base_model: str | None = None
     plot: str | None = None
+    model_size: Mapping[str, int] | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.base_model is not None and _is_local_path(self.base_model):
@@ -213,6 +223,41 @@ class ModelCardContent:
         tasks["rows"] = {name: tuple(cells) for name, cells in tasks["rows"].items()}
         training_data = dict(data["training_data"], datasets=tuple(data["training_data"]["datasets"]))
         return cls(**{**data, "tasks": TaskFamily(**tasks), "training_data": TrainingData(**training_data)})
+
+
+MODEL_SIZE_FIELDS = {  # config attribute -> what the card calls it
+    "num_hidden_layers": "layers",
+    "hidden_size": "hidden size",
+    "num_attention_heads": "attention heads",
+}
+
+
+def model_size(model: Any) -> dict[str, int]:
+    """The size of a transformers model (a peft model: its base model with the adapters) as the card states it: the
+    encoder's layers, hidden size and attention heads from its config, and its parameter count (shared parameters,
+    such as tied embeddings, counted once; adapters included)."""
+    size = {label: getattr(model.config, name) for name, label in MODEL_SIZE_FIELDS.items()}
+    size["parameters"] = sum(parameter.numel() for parameter in model.parameters())
+    return size
+
+
+def trained_tokenizer(vocab_size: int) -> str:
+    """Tokenizer origin: a WordPiece tokenizer trained on the run's training text."""
+    return f"a WordPiece tokenizer trained on this run's training text (vocabulary of {vocab_size} tokens)"
+
+
+def checkpoint_tokenizer(name: str, vocab_size: int) -> str:
+    """Tokenizer origin: the tokenizer of a checkpoint (a Hub id, or a local folder named by its name only)."""
+    shown = Path(name).expanduser().resolve().name if _is_local_path(name) else name
+    return f"the tokenizer of `{shown}` (vocabulary of {vocab_size} tokens)"
+
+
+def _parameter_count(count: int) -> str:
+    """``4,385,920 (4.4M)``."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count:,} ({count / scale:.1f}{unit})"
+    return f"{count:,}"
 
 
 def build_model_card(content: ModelCardContent, *, model_name: str, model_id: str) -> ModelCard:
@@ -253,6 +298,9 @@ def build_model_card(content: ModelCardContent, *, model_name: str, model_id: st
         template_path=str(TEMPLATE),
         model_name=model_name,
         architecture=content.architecture,
+        model_size=content.model_size,
+        parameters=_parameter_count(content.model_size["parameters"]) if content.model_size else None,
+        tokenizer=content.tokenizer,
         hub_base_model=content.base_model,
         local_base_model=content.local_base_model,
         tasks=tasks,
@@ -311,6 +359,88 @@ def card_renderer(trainer: Trainer, content: ModelCardContent) -> Callable[[], M
     """A ``MinimaxTrainer.card_renderer``: the card in ``output_dir``, for the Trainer's Hub repo once it has one
     (``push_to_hub`` creates the repo before it renders the card)."""
     return lambda: render_model_card(trainer.args.output_dir, content, repo_id=trainer.hub_model_id)
+
+
+@dataclass(frozen=True)
+class FineTunedMetric:
+    """One evaluation result of a fine-tuning run: metric name, value and the split it was measured on."""
+
+    name: str
+    value: float
+    split: str
+
+
+@dataclass(frozen=True)
+class FineTuningCardContent:
+    """What a fine-tuning run's card states (GLUE and dense fine-tuning).
+
+    Attributes:
+        recipe: the recipe that made the model, e.g. ``"finetune_glue"``.
+        task: the downstream task, e.g. ``"rte"``.
+        task_type: its Hub task (``"text-classification"``, ``"image-segmentation"``, ...).
+        base_model: the fine-tuned checkpoint as given (a local path is shown by its folder name only).
+        method: e.g. ``"full fine-tuning"`` or ``"LoRA r=8 on query, value + classification head"``.
+        settings: the run's settings (options of the command line or config file, the steps it trained).
+        data: Markdown sentence naming the data.
+        dataset_type: the model-index dataset type (a Hub dataset id, or ``"local"``).
+        dataset_name: the model-index dataset name.
+        metrics: the evaluation results.
+        dataset_config: the model-index dataset configuration.
+        inputs: the input modalities, for a vision model.
+        notes: sentences under the results (files the run wrote).
+    """
+
+    recipe: str
+    task: str
+    task_type: str
+    base_model: str
+    method: str
+    settings: Mapping[str, Any]
+    data: str
+    dataset_type: str
+    dataset_name: str
+    metrics: tuple[FineTunedMetric, ...]
+    dataset_config: str | None = None
+    inputs: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def render_finetuning_card(output_dir: str | Path, content: FineTuningCardContent) -> Path:
+    """Write the fine-tuning card ``README.md`` (results also as ``model-index`` metadata) into ``output_dir``."""
+    local = _is_local_path(content.base_model)
+    base = Path(content.base_model).expanduser().resolve().name if local else content.base_model
+    model_name = f"{base.split('/')[-1]}-{content.task}"
+    results = [
+        EvalResult(
+            task_type=content.task_type,
+            dataset_type=content.dataset_type,
+            dataset_name=content.dataset_name,
+            dataset_config=content.dataset_config,
+            dataset_split=metric.split,
+            metric_type=metric.name,
+            metric_value=round(metric.value, 4),
+        )
+        for metric in content.metrics
+    ]
+    card = ModelCard.from_template(
+        ModelCardData(
+            model_name=model_name,
+            eval_results=results or None,
+            library_name="transformers",
+            base_model=None if local else content.base_model,
+            datasets=[content.dataset_type] if "/" in content.dataset_type else None,
+            tags=["robust-pretrain", content.task_type],
+        ),
+        template_path=str(FINETUNING_TEMPLATE),
+        model_name=model_name,
+        content=content,
+        base=base,
+        hub_base=not local,
+        metrics=[(metric.name, metric.split, _fmt(metric.value)) for metric in content.metrics],
+    )
+    path = Path(output_dir) / "README.md"
+    card.save(path)
+    return path
 
 
 def weighting_summary(weighting: str | None) -> str:

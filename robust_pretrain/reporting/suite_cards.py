@@ -14,16 +14,17 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.repocard_data import eval_results_to_model_index
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.evaluation.checkpoints import checkpoint_key, checkpoint_label, local_dir
-from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask
-from robust_pretrain.reporting import TASK_REPORT_NAME
+from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
+
+if TYPE_CHECKING:
+    from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask
 
 # Files only this project's recipes write into an output directory (the pre-training run configuration).
 RECIPE_OUTPUT_MARKERS = (TASK_REPORT_NAME, "run_config.json")
@@ -88,6 +89,8 @@ def _read_only(path: Path) -> bool:
 
 def card_update_refusal(checkpoint: str) -> str | None:
     """Why ``--update_model_cards`` must not edit this local checkpoint's README.md, or None if it may."""
+    from robust_pretrain.evaluation.checkpoints import local_dir  # the evaluation package imports this module
+
     path = local_dir(checkpoint)
     if path is None:
         return None
@@ -140,6 +143,8 @@ def write_card_outputs(
 ) -> list[Path]:
     """Write the checkpoint's ``model_index.json`` and card fragment into the suite directory and, if asked (and
     :func:`check_card_updates` passed), merge the results into a local checkpoint's own card. Returns the paths."""
+    from robust_pretrain.evaluation.checkpoints import checkpoint_key, checkpoint_label, local_dir
+
     label = checkpoint_label(checkpoint)
     target = output_dir / CARDS_DIR / checkpoint_key(checkpoint)
     target.mkdir(parents=True, exist_ok=True)

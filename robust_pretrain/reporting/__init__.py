@@ -1,0 +1,59 @@
+"""Everything a run writes besides its model: reports, model cards, plots and the aggregation of per-task results.
+
+* :mod:`.task_report` — a pre-training run's ``task_report.json`` (final weights, held-out loss per task, worst task).
+* :mod:`.aggregation` — per-task results over seeds and checkpoints: mean ± std, average, worst task named, deltas
+  against a baseline and their size in standard errors (the suite, the comparison and the evidence tables).
+* :mod:`.cards` — the one model-card renderer: pre-training cards (one template for every task family: PoS groups,
+  image modalities, and any later family such as causal LM), fine-tuning cards (GLUE and dense) and card metadata.
+* :mod:`.suite_cards` — suite results as ``model-index`` metadata (imported by its path: it needs the evaluation
+  package).
+* :mod:`.plots` — every figure, with one colour rule per modality (RGB, depth, class maps).
+* :mod:`.tables` — the Markdown tables of the suite and of the comparison of strategies.
+
+Importing this package loads neither torch nor transformers (the publish command renders cards without them).
+"""
+
+from robust_pretrain.reporting.cards import (
+    CARD_CONTENT_NAME,
+    EWT_TRAINING_DATA,
+    ModelCardContent,
+    TaskFamily,
+    TrainingData,
+    build_model_card,
+    card_renderer,
+    card_text_for_repo,
+    hub_dataset,
+    local_files,
+    modality_tasks,
+    pos_tasks,
+    render_model_card,
+)
+from robust_pretrain.reporting.plots import plot_task_trajectories, trajectory_figure
+from robust_pretrain.reporting.task_report import (
+    TASK_REPORT_NAME,
+    TRAJECTORY_PLOT_NAME,
+    task_report,
+    write_task_report,
+)
+
+__all__ = [
+    "CARD_CONTENT_NAME",
+    "EWT_TRAINING_DATA",
+    "TASK_REPORT_NAME",
+    "TRAJECTORY_PLOT_NAME",
+    "ModelCardContent",
+    "TaskFamily",
+    "TrainingData",
+    "build_model_card",
+    "card_renderer",
+    "card_text_for_repo",
+    "hub_dataset",
+    "local_files",
+    "modality_tasks",
+    "plot_task_trajectories",
+    "pos_tasks",
+    "render_model_card",
+    "task_report",
+    "trajectory_figure",
+    "write_task_report",
+]
