@@ -7,13 +7,22 @@ Task 1 is ``A (theta - 1)^2``, tasks 2..T are ``theta^2``. Derivations (ours):
   ``sqrt(A) (1 - theta) = theta``  ->  ``theta* = sqrt(A) / (1 + sqrt(A))`` with worst-case loss ``theta*^2``;
 * worst case of the average solution: ``A ((T-1) / (A+T-1))^2`` (task 1 is the worst when ``A < (T-1)^2``), so the
   ratio of worst cases is ``((T-1)(1+sqrt(A)) / (A+T-1))^2``.
+
+The last tests train the toy model through ``MinimaxTrainer`` (plain SGD) and compare every step's weights and
+iterate with an independent float64 numpy re-implementation of each strategy's rule, written from its paper's
+definition: they catch a wrong constant (alpha scaled) or a flipped update sign, which the convergence tests above do
+not (the sqrt schedule still converges with alpha halved).
 """
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from datasets import Dataset
+from transformers import TrainerCallback
 
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.weighting import build_weighting
 
 A, T = 4.0, 9
@@ -77,3 +86,133 @@ def test_constant_alpha_stops_short_of_the_minimax_point():
     """With a fixed alpha = 1 the method minimises the smooth max, whose minimiser lies between the two solutions."""
     theta = optimise("minimax", 2000, alpha=1.0)
     assert THETA_AVG + 0.05 < theta < THETA_STAR - 0.05
+
+
+# ------------------------------------------------------------------------------ end to end through MinimaxTrainer
+TOY_TASKS = [f"task{t}" for t in range(T)]
+TOY_STEPS, TOY_LR = 30, 0.05
+
+
+class ToyModel(torch.nn.Module):
+    """The toy problem as a model returning ``task_losses``; ``theta`` starts at 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, x: torch.Tensor) -> dict:
+        losses = task_losses(self.theta)
+        return {"task_losses": dict(zip(TOY_TASKS, losses, strict=True))}
+
+
+class Trajectory(TrainerCallback):
+    def __init__(self, trainer: MinimaxTrainer) -> None:
+        self.trainer, self.weights, self.thetas = trainer, [], []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.weights.append(self.trainer.step_weights.double().numpy().copy())
+        self.thetas.append(self.trainer.model.theta.item())
+
+
+def train_toy(tmp_path, weighting: str, **options) -> Trajectory:
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path), task_names=TOY_TASKS, weighting=weighting, **options, optim="sgd",
+        learning_rate=TOY_LR, lr_scheduler_type="constant", max_steps=TOY_STEPS, per_device_train_batch_size=1,
+        max_grad_norm=0.0, weight_decay=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        disable_tqdm=True,
+    )  # fmt: skip
+    data = Dataset.from_dict({"x": [0.0] * TOY_STEPS})
+    trainer = MinimaxTrainer(model=ToyModel(), args=args, train_dataset=data)
+    trajectory = Trajectory(trainer)
+    trainer.add_callback(trajectory)
+    trainer.train()
+    return trajectory
+
+
+def numpy_losses(theta: float) -> np.ndarray:
+    return np.array([A * (theta - 1) ** 2] + [theta**2] * (T - 1))
+
+
+def numpy_gradients(theta: float) -> np.ndarray:
+    return np.array([2 * A * (theta - 1)] + [2 * theta] * (T - 1))
+
+
+def numpy_softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def numpy_simplex_projection(v: np.ndarray) -> np.ndarray:
+    """argmin_{x in simplex} ||x - v||: x = max(v - tau, 0) with tau found by bisection on sum(x) = 1."""
+    low, high = v.min() - 1.0, v.max()
+    for _ in range(200):
+        tau = (low + high) / 2
+        low, high = (tau, high) if np.maximum(v - tau, 0).sum() > 1 else (low, tau)
+    return np.maximum(v - (low + high) / 2, 0)
+
+
+def reference_trajectory(rule) -> tuple[list[np.ndarray], list[float]]:
+    """SGD ``theta <- theta - lr * sum_t w_t dL_t/dtheta`` with ``w = rule(k, L(theta_k))``, in float64."""
+    theta, weights, thetas = 0.0, [], []
+    for k in range(TOY_STEPS):
+        w = rule(k, numpy_losses(theta))
+        theta -= TOY_LR * float(w @ numpy_gradients(theta))
+        weights.append(w)
+        thetas.append(theta)
+    return weights, thetas
+
+
+def minimax_rule(alpha: float, schedule: str):
+    """Algorithm 1: ``w = softmax(alpha_k L)``, ``alpha_k = alpha`` or ``alpha sqrt(k + 1)``."""
+    return lambda k, losses: numpy_softmax((alpha * math.sqrt(k + 1) if schedule == "sqrt" else alpha) * losses)
+
+
+def group_dro_rule(step_size: float, smoothing: float):
+    """Sagawa et al. Alg. 1: ``q <- q * exp(eta L)`` normalised; DoReMi's smoothing ``(1 - eps) q + eps / T``."""
+    log_q = np.zeros(T)
+
+    def rule(k, losses):
+        log_q[:] += step_size * losses
+        return (1 - smoothing) * numpy_softmax(log_q) + smoothing / T
+
+    return rule
+
+
+def morbit_rule(step_size: float):
+    """MORBiT: ``lambda <- proj_simplex(lambda + gamma L)`` from the uniform vector."""
+    lam = np.full(T, 1 / T)
+
+    def rule(k, losses):
+        lam[:] = numpy_simplex_projection(lam + step_size * losses)
+        return lam.copy()
+
+    return rule
+
+
+@pytest.mark.parametrize(
+    ("weighting", "options", "rule"),
+    [
+        ("minimax", {"alpha": 0.5}, minimax_rule(0.5, "constant")),
+        ("minimax", {"alpha": 0.2, "alpha_schedule": "sqrt"}, minimax_rule(0.2, "sqrt")),
+        ("group_dro", {"dro_step_size": 0.1, "dro_smoothing": 0.01}, group_dro_rule(0.1, 0.01)),
+        ("morbit", {"morbit_step_size": 0.05}, morbit_rule(0.05)),
+    ],
+    ids=["minimax-constant", "minimax-sqrt", "group_dro", "morbit"],
+)
+def test_trainer_trajectory_equals_an_independent_reimplementation(tmp_path, weighting, options, rule):
+    trained = train_toy(tmp_path, weighting, **options)
+    weights, thetas = reference_trajectory(rule)
+    assert len(trained.weights) == TOY_STEPS
+    assert np.abs(np.array(trained.weights) - np.array(weights)).max() <= 1e-5
+    assert np.abs(np.array(trained.thetas) - np.array(thetas)).max() <= 1e-5
+    # the first step by hand: theta = 0, L = (A, 0, ..., 0)
+    if weighting == "minimax":
+        e = math.exp(A * options["alpha"])
+        first = np.array([e] + [1.0] * (T - 1)) / (e + T - 1)
+    elif weighting == "group_dro":
+        e, eps = math.exp(A * options["dro_step_size"]), options["dro_smoothing"]
+        first = (1 - eps) * np.array([e] + [1.0] * (T - 1)) / (e + T - 1) + eps / T
+    else:  # lambda + gamma L sums to 1 + gamma A: the projection subtracts gamma A / T, every entry stays positive
+        gamma = options["morbit_step_size"]
+        first = np.array([1 / T + gamma * A] + [1 / T] * (T - 1)) - gamma * A / T
+    assert np.abs(trained.weights[0] - first).max() <= 1e-6
