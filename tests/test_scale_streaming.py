@@ -17,6 +17,7 @@ import torch
 from ports import free_port
 from processes import wait_for_checkpoint
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data import load_ewt_corpus
@@ -40,23 +41,23 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     return {"train": folder / "part-*.txt", "validation": folder / "valid.txt", "tokenizer": folder / "tokenizer"}
 
 
-def recipe_args(corpus: dict[str, Path], output_dir: Path) -> list[str]:
+def recipe_args(corpus: dict[str, Path], output_dir: Path, max_steps: int = MAX_STEPS) -> list[str]:
     return [
         "--streaming", "true",
         "--train_file", str(corpus["train"]), "--validation_file", str(corpus["validation"]),
         "--tokenizer_name", str(corpus["tokenizer"]),
         "--model_size", "tiny", "--max_seq_length", "64", "--per_device_train_batch_size", "4",
         "--per_device_eval_batch_size", "16", "--max_eval_samples", "16",
-        "--max_steps", str(MAX_STEPS), "--save_steps", "1", "--logging_steps", "1", "--warmup_steps", "0",
+        "--max_steps", str(max_steps), "--save_steps", "1", "--logging_steps", "1", "--warmup_steps", "0",
         "--learning_rate", "1e-3",
         "--dataloader_num_workers", "1", "--use_cpu", "true", "--seed", "7", "--disable_tqdm", "true",
         "--output_dir", str(output_dir),
     ]  # fmt: skip
 
 
-def launch(corpus: dict[str, Path], output_dir: Path, log: Path) -> subprocess.Popen:
+def launch(corpus: dict[str, Path], output_dir: Path, log: Path, max_steps: int = MAX_STEPS) -> subprocess.Popen:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command = [*torchrun, "--master_port", str(free_port()), str(RECIPE), *recipe_args(corpus, output_dir)]
+    command = [*torchrun, "--master_port", str(free_port()), str(RECIPE), *recipe_args(corpus, output_dir, max_steps)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as stream:  # the child keeps its own copy of the file descriptor
         return subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT)
@@ -67,16 +68,30 @@ def losses(output_dir: Path) -> list[float]:
     return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
 
 
+def kill_after(process: subprocess.Popen, checkpoint: Path, log: Path) -> None:
+    """SIGKILL a torchrun launch once ``checkpoint`` is complete: its workers (in sessions of their own), then it."""
+    try:
+        wait_for_checkpoint(process, checkpoint, log, timeout=300)
+    finally:
+        for child in [*psutil.Process(process.pid).children(recursive=True), psutil.Process(process.pid)]:
+            child.send_signal(signal.SIGKILL)
+        process.wait()
+
+
+def assert_same_parameters(expected_dir: Path, resumed_dir: Path) -> None:
+    expected, resumed = load_file(expected_dir / "model.safetensors"), load_file(resumed_dir / "model.safetensors")
+    assert expected.keys() == resumed.keys()
+    differences = {k: (expected[k] - resumed[k]).abs().max().item() for k in expected}
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected), max(differences.values())
+
+
+@pytest.mark.slow
 def test_streaming_run_killed_after_a_checkpoint_resumes_exactly(corpus, tmp_path):
     reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
     reference = launch(corpus, reference_dir, tmp_path / "uninterrupted.log")
-    killed = launch(corpus, resumed_dir, tmp_path / "killed.log")
-    try:
-        wait_for_checkpoint(killed, resumed_dir / "checkpoint-4", tmp_path / "killed.log", timeout=300)
-    finally:  # torchrun starts its workers in sessions of their own: SIGKILL each of them, and the launcher
-        for process in [*psutil.Process(killed.pid).children(recursive=True), psutil.Process(killed.pid)]:
-            process.send_signal(signal.SIGKILL)
-        killed.wait()
+    kill_after(
+        launch(corpus, resumed_dir, tmp_path / "killed.log"), resumed_dir / "checkpoint-4", tmp_path / "killed.log"
+    )
     assert reference.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()[-3000:]
     assert not (resumed_dir / "model.safetensors").exists()
     steps_done = int(Path(last_complete_checkpoint(resumed_dir)).name.split("-")[1])
@@ -85,10 +100,55 @@ def test_streaming_run_killed_after_a_checkpoint_resumes_exactly(corpus, tmp_pat
     rerun = launch(corpus, resumed_dir, tmp_path / "rerun.log")
     assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
     assert len(losses(reference_dir)) == MAX_STEPS and losses(resumed_dir) == losses(reference_dir)
-    expected, resumed = load_file(reference_dir / "model.safetensors"), load_file(resumed_dir / "model.safetensors")
-    assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected)
+    assert_same_parameters(reference_dir, resumed_dir)
     log = (tmp_path / "uninterrupted.log").read_text()
     assert "each process reads 2 of the 4 files" in log
+
+
+WRAP_STEPS, WRAP_KILL_AFTER = 16, 8
+
+
+@pytest.fixture(scope="module")
+def short_corpus(corpus, tmp_path_factory) -> dict[str, Path]:
+    """4 short files of uneven length (process 0 reads files 0-1, process 1 files 2-3): each process's share of the
+    stream holds a few batches only, so both wrap, at different steps, long before the checkpoint the run is killed
+    after."""
+    folder = tmp_path_factory.mktemp("short_corpus")
+    texts = [t.replace("\n", " ") for t in load_ewt_corpus("train")["text"] if 10 <= len(t.split()) <= 30][:18]
+    for shard, (start, stop) in enumerate([(0, 5), (5, 11), (11, 14), (14, 18)]):
+        (folder / f"part-{shard}.txt").write_text("\n".join(texts[start:stop]) + "\n")
+    return {**corpus, "train": folder / "part-*.txt"}
+
+
+@pytest.mark.slow
+def test_streaming_resume_is_exact_after_the_streams_wrapped(short_corpus, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(short_corpus["tokenizer"])
+    block = 64 - 2  # [CLS] ... [SEP]
+    blocks_per_pass = []  # each process's share of the stream
+    for files in (["part-0.txt", "part-1.txt"], ["part-2.txt", "part-3.txt"]):
+        texts = [line for name in files for line in (short_corpus["train"].parent / name).read_text().splitlines()]
+        tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+        blocks_per_pass.append(-(-tokens // block))
+    batches_before_kill = 4 * WRAP_KILL_AFTER
+    assert all(2 * blocks < batches_before_kill for blocks in blocks_per_pass), blocks_per_pass  # wrapped twice
+    assert blocks_per_pass[0] != blocks_per_pass[1]  # at different steps
+
+    reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
+    reference = launch(short_corpus, reference_dir, tmp_path / "uninterrupted.log", WRAP_STEPS)
+    killed_log = tmp_path / "killed.log"
+    kill_after(
+        launch(short_corpus, resumed_dir, killed_log, WRAP_STEPS),
+        resumed_dir / f"checkpoint-{WRAP_KILL_AFTER}",
+        killed_log,
+    )
+    assert reference.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()[-3000:]
+    steps_done = int(Path(last_complete_checkpoint(resumed_dir)).name.split("-")[1])
+    assert WRAP_KILL_AFTER <= steps_done < WRAP_STEPS and not (resumed_dir / "model.safetensors").exists()
+
+    rerun = launch(short_corpus, resumed_dir, tmp_path / "rerun.log", WRAP_STEPS)
+    assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    assert len(losses(reference_dir)) == WRAP_STEPS and losses(resumed_dir) == losses(reference_dir)
+    assert_same_parameters(reference_dir, resumed_dir)
 
 
 @pytest.mark.parametrize(

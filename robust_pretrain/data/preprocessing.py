@@ -12,6 +12,7 @@ from datasets.fingerprint import Hasher
 
 from robust_pretrain.data.taggers import TagFunction, TaggedWord, Tagger, get_tagger
 from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
+from robust_pretrain.data.word_tokenizer import text_pieces
 
 FEATURES = Features(
     {
@@ -25,7 +26,11 @@ FEATURES = Features(
 """Output columns. ``word_ids``: word index within the sequence (0, 1, ...), -1 for special tokens and tokens
 outside any word. ``token_task_ids``: task id of the token's word, -1 for special tokens and non-task words."""
 
-_TRANSFORM_VERSION = "tokenize_and_tag/2"
+_TRANSFORM_VERSION = "tokenize_and_tag/3"  # 3: script tags for non-Latin words, long texts cut into pieces
+MAX_TEXT_CHARS = 10_000
+"""With packing, longer texts are cut into pieces of at most this many characters at sentence ends (see
+:func:`~robust_pretrain.data.word_tokenizer.text_pieces`) before tokenizing and tagging: the memory a map batch
+needs stays bounded (a 20 MB line is no longer one example), and the pieces tag and pack like the whole text."""
 _WHITESPACE = re.compile(r"\s")
 
 
@@ -93,6 +98,33 @@ class _TokenizeAndTag:
             tasks = [self.tag_to_task.get(words[w][2], -1) if w >= 0 else -1 for w in token_words]
             rows.append((ids, list(special), token_words, tasks))
         return _columns(rows)
+
+
+class _SplitLongTexts:
+    """Batched ``datasets.map`` function: each text of ``text_column`` as its pieces of at most ``max_chars``
+    characters (one row each; values that are not strings pass through, for :class:`_TokenizeAndTag` to refuse)."""
+
+    def __init__(self, text_column: str, max_chars: int) -> None:
+        self.text_column = text_column
+        self.max_chars = max_chars
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        pieces = []
+        for text in batch[self.text_column]:
+            pieces.extend(text_pieces(text, self.max_chars) if isinstance(text, str) else [text])
+        return {self.text_column: pieces}
+
+
+def _longest_text(dataset: Dataset, text_column: str) -> int:
+    """Characters in the longest string of an eager dataset's text column (0 when it holds no string)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = dataset.data.column(text_column)
+    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+        return 0
+    longest = pc.max(pc.utf8_length(column)).as_py()
+    return longest or 0
 
 
 class _PackBlocks:
@@ -206,6 +238,7 @@ def tokenize_and_tag(
             tagged (up to the end of the word the last token falls in).
         pack: concatenate the texts of each map batch and cut them into ``max_seq_length`` blocks. The blocks are
             the same for any ``num_proc`` and for streaming (tagging runs in ``num_proc`` processes, packing in one).
+            Texts longer than :data:`MAX_TEXT_CHARS` characters are first cut into pieces at sentence ends.
         num_proc: worker processes for an eager ``Dataset`` (ignored for streaming).
         batch_size: texts per map batch (packing happens within a batch).
     """
@@ -230,7 +263,10 @@ def tokenize_and_tag(
                 _require_column, batched=True, batch_size=batch_size, fn_kwargs={"column": text_column}
             )
         # keep only the text, so that no other column leaks into the rows or breaks packing
-        tokenized = dataset.select_columns([text_column]).map(tokenize, remove_columns=[text_column], **map_options)
+        texts = dataset.select_columns([text_column])
+        if pack:
+            texts = texts.map(_SplitLongTexts(text_column, MAX_TEXT_CHARS), batched=True, batch_size=batch_size)
+        tokenized = texts.map(tokenize, remove_columns=[text_column], **map_options)
         return tokenized.map(pack_blocks, **map_options) if pack else tokenized
     settings = [
         _TRANSFORM_VERSION,
@@ -242,9 +278,20 @@ def tokenize_and_tag(
         pack,
         batch_size,
     ]
+    if pack and _longest_text(dataset, text_column) > MAX_TEXT_CHARS:
+        dataset = dataset.map(
+            _SplitLongTexts(text_column, MAX_TEXT_CHARS),
+            batched=True,
+            batch_size=batch_size,
+            remove_columns=column_names,
+            num_proc=num_proc,
+            new_fingerprint=Hasher.hash([dataset._fingerprint, *settings, MAX_TEXT_CHARS]),
+            load_from_cache_file=load_from_cache_file,
+            desc="Cutting long texts into pieces",
+        )
     tokenized = dataset.map(
         tokenize,
-        remove_columns=column_names,
+        remove_columns=dataset.column_names,
         num_proc=num_proc,
         new_fingerprint=Hasher.hash([dataset._fingerprint, *settings]),
         load_from_cache_file=load_from_cache_file,
@@ -260,3 +307,27 @@ def tokenize_and_tag(
         desc="Packing",
         **map_options,
     )
+
+
+STREAM_POSITION_COLUMN = "stream_position"
+"""Column :func:`repeat_stream` adds: a row's position (0, 1, ...) in what its reader has read, over all passes."""
+
+
+def repeat_stream(dataset: IterableDataset) -> IterableDataset:
+    """The stream read over and over without end, each row with its position in :data:`STREAM_POSITION_COLUMN`.
+
+    It keeps the shards (files) of ``dataset``, and a reader of some of them (a process after Accelerate's
+    ``shard``, a ``DataLoader`` worker) reads its shards pass after pass: its ``n``-th row is a function of ``n``
+    alone, also when its shards are shorter than those of the other processes and wrap sooner. A run resumed by
+    skipping the batches it had drawn (the Trainer's replay) therefore continues exactly where each process was,
+    in whichever pass; with the Trainer's own epochs each process's pass would end separately and the replay would
+    restart from a pass's start. The position keys per-batch randomness (new masks in every pass).
+    """
+    features = dataset.features
+    if features is not None:
+        features = Features({**features, STREAM_POSITION_COLUMN: Value("int64")})
+    return dataset.repeat(None).map(_add_position, with_indices=True, batched=True, features=features)
+
+
+def _add_position(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+    return {**batch, STREAM_POSITION_COLUMN: indices}

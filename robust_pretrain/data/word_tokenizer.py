@@ -43,6 +43,43 @@ def word_tokenize(text: str) -> list[str]:
     return [text[start:end] for start, end in word_spans(text)]
 
 
+SENTENCE_SEARCH_CHARS = 2000
+"""How far back from a piece's size limit :func:`text_pieces` looks for a sentence end."""
+
+
+def text_pieces(text: str, max_chars: int) -> list[str]:
+    """``text`` cut into pieces of at most ``max_chars`` characters that join back into it, for bounded tagging.
+
+    A piece ends after the last sentence end (a word made only of ``.!?``, as in :func:`sentence_ranges`, so the
+    pieces tag like the whole text) in its last :data:`SENTENCE_SEARCH_CHARS` characters, else after its last word,
+    else (one word longer than ``max_chars``) at ``max_chars``. Only those tails are word-tokenised; texts within
+    the limit come back whole.
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    pieces = []
+    start = 0
+    while len(text) - start > max_chars:
+        limit = start + max_chars
+        # words never hold whitespace, so tokenising from a whitespace gives the words of the whole text
+        space = max(
+            text.rfind(" ", start, limit - SENTENCE_SEARCH_CHARS),
+            text.rfind("\n", start, limit - SENTENCE_SEARCH_CHARS),
+        )
+        sentence_end = word_end = start
+        for match in _TOKEN_PATTERN.finditer(text, max(space, start)):
+            if match.end() > limit:
+                break
+            word_end = match.end()
+            if match.group().strip(".!?") == "":
+                sentence_end = word_end
+        cut = sentence_end if sentence_end > start else word_end if word_end > start else limit
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
 def sentence_ranges(words: list[str]) -> list[tuple[int, int]]:
     """Split a word sequence into sentences: ``[start, end)`` ranges ending after words made only of ``.!?``.
 
