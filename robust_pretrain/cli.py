@@ -4,13 +4,16 @@
         return run_console(run, argv, prog="robust-pretrain-pos-mlm")
 
 ``run(argv)`` raises :class:`UsageError` (a ``ValueError``) for a bad option, file or checkpoint, naming it; the
-console prints ``<prog>: error: <message>`` and returns 2. Anything else is a bug and keeps its traceback. The
+console prints ``<prog>: error: <message>`` (one line per line of the message: one per problem) and returns 2.
+Parsers derive from :class:`ConsoleArgumentParser`, whose argparse errors are such an error too (one line, no usage).
+Anything else is a bug and keeps its traceback. The
 traceback of an expected error too is shown with ``--traceback`` on the command line or
 ``ROBUST_PRETRAIN_TRACEBACK=1`` in the environment.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -28,7 +31,22 @@ _HUB_ID = re.compile(r"[\w.\-]{1,96}(/[\w.\-]{1,96})?")
 
 
 class UsageError(ValueError):
-    """An expected user error (bad option, file or checkpoint); the message names it and says what to do."""
+    """An expected user error (bad option, file or checkpoint); the message names it and says what to do, one line
+    per problem."""
+
+
+class ConsoleArgumentParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors (unknown option, bad type or choice, missing argument) raise a
+    :class:`UsageError` of one line naming the option and what it accepts, instead of printing the whole usage."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def refuse(problems: Sequence[str]) -> None:
+    """Raise one :class:`UsageError` listing every problem (one line each), if there are any."""
+    if problems:
+        raise UsageError("\n".join(problems))
 
 
 def run_console(run: Callable[[list[str]], Any], argv: Sequence[str] | None = None, *, prog: str) -> int:
@@ -41,9 +59,10 @@ def run_console(run: Callable[[list[str]], Any], argv: Sequence[str] | None = No
     except UsageError as err:
         if show_traceback:
             raise
-        message = " ".join(str(err).split())
-        hint = f"(run with {TRACEBACK_FLAG} or {TRACEBACK_ENV}=1 for the traceback)"
-        print(f"{prog}: error: {message} {hint}", file=sys.stderr)  # one line: paths stay whole for copy-paste
+        problems = [" ".join(line.split()) for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+        problems[-1] += f" (run with {TRACEBACK_FLAG} or {TRACEBACK_ENV}=1 for the traceback)"
+        for problem in problems:  # one line each: paths stay whole for copy-paste
+            print(f"{prog}: error: {problem}", file=sys.stderr)
         return USAGE_ERROR_STATUS
     return 0
 

@@ -1,16 +1,33 @@
-"""``HfArgumentParser`` with a ``--config`` YAML/JSON file whose values the command line overrides."""
+"""``HfArgumentParser`` with a ``--config`` YAML/JSON file whose values the command line overrides, and one check of
+every option's value against its declaration (:mod:`robust_pretrain.options`) before any work."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 from transformers import HfArgumentParser
 
-from robust_pretrain.cli import UsageError
+from robust_pretrain.cli import UsageError, refuse
+from robust_pretrain.options import option_problems
+
+
+class OptionParser(HfArgumentParser):
+    """``HfArgumentParser`` whose argparse errors (bad type or choice, missing option) are one line naming the option
+    and what it accepts (a :class:`~robust_pretrain.cli.UsageError`), not the whole usage."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def option_names(parser: argparse.ArgumentParser) -> set[str]:
+    """The names of every ``--option`` a parser takes (without the dashes)."""
+    return {name[2:] for action in parser._actions for name in action.option_strings if name.startswith("--")}
 
 
 def _config_to_argv(config: dict[str, Any], path: Path) -> list[str]:
@@ -52,13 +69,34 @@ def parse_with_config(parser: HfArgumentParser, argv: list[str] | None = None) -
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)
     known, rest = pre.parse_known_args(argv)
-    config_argv = [] if known.config is None else _config_to_argv(load_config_file(known.config), known.config)
+    config = {} if known.config is None else load_config_file(known.config)
+    names = option_names(parser)
+    refuse(
+        [
+            f"--config {known.config}: {key!r} is not an option{_suggestion(key, names)}"
+            for key in config
+            if key not in names
+        ]
+    )
+    args = _config_to_argv(config, known.config) + rest
+    namespace, unknown = parser.parse_known_args(args=args)
+    flags = [token.split("=")[0] for token in unknown if token.startswith("-")]
+    problems = [f"unknown option {flag}{_suggestion(flag, names)}" for flag in flags]
+    if unknown and not flags:
+        problems.append(f"unexpected value(s) {' '.join(unknown)}: a value follows the option it belongs to")
+    for dtype in parser.dataclass_types:
+        values = {f.name: getattr(namespace, f.name) for f in fields(dtype) if hasattr(namespace, f.name)}
+        problems += option_problems(dtype, values)
+    refuse(problems)
     try:
-        *outputs, unknown = parser.parse_args_into_dataclasses(args=config_argv + rest, return_remaining_strings=True)
+        *outputs, _ = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
     except UsageError:
         raise
     except ValueError as err:  # a dataclass's __post_init__ refused a value
         raise UsageError(f"invalid options: {err}") from err
-    if unknown:
-        raise UsageError(f"Unknown or malformed options: {unknown}")
     return tuple(outputs)
+
+
+def _suggestion(name: str, names: set[str]) -> str:
+    close = difflib.get_close_matches(name.lstrip("-").split("=")[0], names, n=1)
+    return f" (did you mean --{close[0]}?)" if close else ""

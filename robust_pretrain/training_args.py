@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
-from .weighting import ALPHA_SCHEDULES, LOSS_NORMALIZATIONS, WEIGHTINGS, Weighting, accepted_options, build_weighting
+from .options import Accepted, check_options, declare_inherited, declared_defaults, option
+from .weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options, build_weighting
 
 logger = logging.getLogger(__name__)
 
@@ -27,26 +28,45 @@ def use_cpu_when_launched_without_accelerator(args: TrainingArguments) -> None:
         args.use_cpu = True
 
 
-# Fields handed to the weighting strategy, with the value that means "not set by the user".
-_WEIGHTING_FIELDS = {
-    "alpha": 1.0,
-    "alpha_schedule": "constant",
-    "weight_floor": 0.0,
-    "loss_ema": 0.0,
-    "loss_normalization": "raw",
-    "reference_losses": None,
-    "dro_step_size": 0.01,
-    "dro_smoothing": 1e-3,
-    "morbit_step_size": 0.01,
-    "gradnorm_alpha": 1.5,
-    "dwa_temperature": 2.0,
-    "dwa_window": 20,
+# What the TrainingArguments fields that a run reads accept (TrainingArguments itself checks few of them).
+TRAINING_ARGUMENTS_ACCEPTED = {
+    "output_dir": Accepted(path="output_dir"),
+    "per_device_train_batch_size": Accepted(minimum=1),
+    "per_device_eval_batch_size": Accepted(minimum=1),
+    "gradient_accumulation_steps": Accepted(minimum=1),
+    "eval_accumulation_steps": Accepted(minimum=1),
+    "learning_rate": Accepted(above=0),
+    "weight_decay": Accepted(minimum=0),
+    "adam_beta1": Accepted(minimum=0, below=1),
+    "adam_beta2": Accepted(minimum=0, below=1),
+    "adam_epsilon": Accepted(minimum=0),
+    "max_grad_norm": Accepted(minimum=0),
+    "num_train_epochs": Accepted(above=0),
+    "max_steps": Accepted(
+        minimum=-1,
+        excluded=(0,),
+        description="a positive number of optimizer steps (or -1 to train --num_train_epochs)",
+    ),
+    "warmup_steps": Accepted(minimum=0),
+    "label_smoothing_factor": Accepted(minimum=0, below=1),
+    "logging_steps": Accepted(above=0),
+    "eval_steps": Accepted(above=0),
+    "save_steps": Accepted(above=0),
+    "save_total_limit": Accepted(minimum=1),
+    "seed": Accepted(minimum=0, maximum=2**32 - 1),
+    "data_seed": Accepted(minimum=0, maximum=2**32 - 1),
+    "dataloader_num_workers": Accepted(minimum=0),
+    "dataloader_prefetch_factor": Accepted(minimum=1),
+    "neftune_noise_alpha": Accepted(above=0),
 }
+declare_inherited(TrainingArguments, TRAINING_ARGUMENTS_ACCEPTED)
+_WEIGHTING_DEFAULTS = declared_defaults(WeightingArguments)
 
 
 @dataclass
-class MinimaxTrainingArguments(TrainingArguments):
-    """``TrainingArguments`` plus the settings of the task-weighting objective.
+class MinimaxTrainingArguments(TrainingArguments, WeightingArguments):
+    """``TrainingArguments`` plus the settings of the task-weighting objective (the strategies' options are those of
+    :class:`~robust_pretrain.weighting.WeightingArguments`, declared there once).
 
     Task weights are recomputed once per optimizer step from the first micro-batch of the step (all processes'
     targets pooled); with ``gradient_accumulation_steps=1`` that is the paper's current-batch rule.
@@ -55,41 +75,7 @@ class MinimaxTrainingArguments(TrainingArguments):
     task_names: list[str] = field(
         default_factory=list, metadata={"help": "Names of the T upstream tasks, in task-id order (required)."}
     )
-    weighting: str = field(
-        default="minimax",
-        metadata={"help": f"Task-weighting strategy: one of {', '.join(WEIGHTINGS)}.", "choices": list(WEIGHTINGS)},
-    )
-    alpha: float = field(
-        default=1.0, metadata={"help": "minimax: softmax scale alpha (alpha_0 with the sqrt schedule)."}
-    )
-    alpha_schedule: str = field(
-        default="constant",
-        metadata={
-            "help": "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), Thm 3.1).",
-            "choices": list(ALPHA_SCHEDULES),
-        },
-    )
-    weight_floor: float = field(
-        default=0.0, metadata={"help": "minimax: mix eps of the uniform distribution into the weights, in [0, 1)."}
-    )
-    loss_ema: float = field(
-        default=0.0, metadata={"help": "Loss-driven strategies: EMA factor of the task-loss estimates, in [0, 1)."}
-    )
-    loss_normalization: str = field(
-        default="raw",
-        metadata={
-            "help": "Loss-driven strategies: 'raw' (the paper), 'relative' (L_t / L_t at the first step) or "
-            "'excess' (max(L_t - reference_t, 0), needs reference_losses).",
-            "choices": list(LOSS_NORMALIZATIONS),
-        },
-    )
-    reference_losses: list[float] | None = field(
-        default=None, metadata={"help": "One reference loss per task, for loss_normalization='excess'."}
-    )
-    dro_step_size: float = field(default=0.01, metadata={"help": "group_dro: exponentiated-gradient step eta."})
-    dro_smoothing: float = field(default=1e-3, metadata={"help": "group_dro: uniform smoothing eps, in [0, 1)."})
-    morbit_step_size: float = field(default=0.01, metadata={"help": "morbit: projected-ascent step gamma."})
-    gradnorm_alpha: float = field(default=1.5, metadata={"help": "gradnorm: asymmetry alpha."})
+    weighting: str = option("minimax", "Task-weighting strategy.", choices=list(WEIGHTINGS))
     gradnorm_shared_module: str | None = field(
         default=None,
         metadata={
@@ -97,13 +83,10 @@ class MinimaxTrainingArguments(TrainingArguments):
             "(default: the last encoder layer)."
         },
     )
-    dwa_temperature: float = field(default=2.0, metadata={"help": "dwa: temperature tau."})
-    dwa_window: int = field(default=20, metadata={"help": "dwa: optimizer steps per loss-averaging window."})
-    weighting_learning_rate: float | None = field(
-        default=None,
-        metadata={
-            "help": "Learning rate of learnable weighting parameters (uncertainty, gradnorm); default: learning_rate."
-        },
+    weighting_learning_rate: float | None = option(
+        None,
+        "Learning rate of learnable weighting parameters (uncertainty, gradnorm); default: learning_rate.",
+        above=0,
     )
     sparse_mlm_head: bool = field(
         default=True,
@@ -111,31 +94,30 @@ class MinimaxTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting: unknown strategy {self.weighting!r}; choose one of {sorted(WEIGHTINGS)}")
+        check_options(self)
         use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
         if not self.task_names:
             raise ValueError("task_names: give the names of the upstream tasks, e.g. ['verb', 'noun', ...]")
         if len(set(self.task_names)) != len(self.task_names):
             raise ValueError(f"task_names: names must be unique, got {self.task_names}")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting: unknown strategy {self.weighting!r}; choose one of {sorted(WEIGHTINGS)}")
         accepted = accepted_options(self.weighting)
         ignored = [
-            name for name, unset in _WEIGHTING_FIELDS.items() if name not in accepted and getattr(self, name) != unset
+            name for name, unset in _WEIGHTING_DEFAULTS.items() if name not in accepted and getattr(self, name) != unset
         ]
         if ignored:
             raise ValueError(f"{', '.join(ignored)}: not used by weighting={self.weighting!r}")
         if self.gradnorm_shared_module is not None and self.weighting != "gradnorm":
             raise ValueError(f"gradnorm_shared_module: not used by weighting={self.weighting!r}")
-        if self.weighting_learning_rate is not None and not self.weighting_learning_rate > 0:
-            raise ValueError(f"weighting_learning_rate must be > 0, got {self.weighting_learning_rate}")
         # Fail now, naming the field, rather than when the trainer builds the strategy.
         self.build_weighting()
 
     def weighting_options(self) -> dict:
         """The options of the chosen strategy, read from this object's fields."""
         accepted = accepted_options(self.weighting)
-        return {name: getattr(self, name) for name in _WEIGHTING_FIELDS if name in accepted}
+        return {name: getattr(self, name) for name in _WEIGHTING_DEFAULTS if name in accepted}
 
     def build_weighting(self) -> Weighting:
         """Instantiate the configured strategy for ``len(task_names)`` tasks."""

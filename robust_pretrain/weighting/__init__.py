@@ -5,13 +5,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from .arguments import ALPHA_SCHEDULES, LOSS_NORMALIZATIONS, WeightingArguments
 from .average import AverageWeighting
-from .base import LOSS_NORMALIZATIONS, Weighting
+from .base import Weighting
 from .dwa import DWAWeighting
 from .gradnorm import GradNormWeighting
 from .group_dro import GroupDROWeighting
 from .hardmax import HardmaxWeighting
-from .minimax import ALPHA_SCHEDULES, MinimaxWeighting
+from .minimax import MinimaxWeighting
 from .morbit import MorbitWeighting, project_to_simplex
 from .proportional import ProportionalWeighting
 from .uncertainty import UncertaintyWeighting
@@ -62,6 +63,7 @@ __all__ = [
     "ProportionalWeighting",
     "UncertaintyWeighting",
     "Weighting",
+    "WeightingArguments",
     "accepted_options",
     "build_weighting",
     "project_to_simplex",

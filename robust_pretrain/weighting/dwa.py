@@ -13,18 +13,22 @@ import math
 
 import torch
 
+from .arguments import DEFAULTS, check_weighting_options
 from .base import Weighting
 
 
 class DWAWeighting(Weighting):
     """DWA with temperature ``dwa_temperature`` (tau, default 2.0) over windows of ``dwa_window`` steps."""
 
-    def __init__(self, num_tasks: int, dwa_temperature: float = 2.0, dwa_window: int = 20, **kwargs) -> None:
+    def __init__(
+        self,
+        num_tasks: int,
+        dwa_temperature: float = DEFAULTS.dwa_temperature,
+        dwa_window: int = DEFAULTS.dwa_window,
+        **kwargs,
+    ) -> None:
         super().__init__(num_tasks, **kwargs)
-        if not dwa_temperature > 0:
-            raise ValueError(f"dwa_temperature must be > 0, got {dwa_temperature}")
-        if dwa_window < 1:
-            raise ValueError(f"dwa_window must be >= 1, got {dwa_window}")
+        check_weighting_options(dwa_temperature=dwa_temperature, dwa_window=dwa_window)
         self.dwa_temperature = dwa_temperature
         self.dwa_window = dwa_window
         self.window_sum = torch.zeros(num_tasks)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .arguments import DEFAULTS, check_weighting_options
 from .base import Weighting
 
 
@@ -26,10 +27,9 @@ class GradNormWeighting(Weighting):
     loss_driven = False
     needs_grad_norms = True
 
-    def __init__(self, num_tasks: int, gradnorm_alpha: float = 1.5, **kwargs) -> None:
+    def __init__(self, num_tasks: int, gradnorm_alpha: float = DEFAULTS.gradnorm_alpha, **kwargs) -> None:
         super().__init__(num_tasks, **kwargs)
-        if gradnorm_alpha < 0:
-            raise ValueError(f"gradnorm_alpha must be >= 0, got {gradnorm_alpha}")
+        check_weighting_options(gradnorm_alpha=gradnorm_alpha)
         self.gradnorm_alpha = gradnorm_alpha
         self.task_weights = torch.nn.Parameter(torch.ones(num_tasks))
         self.last_target_norms = torch.zeros(num_tasks)

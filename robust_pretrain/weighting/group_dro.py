@@ -14,18 +14,22 @@ import math
 
 import torch
 
+from .arguments import DEFAULTS, check_weighting_options
 from .base import Weighting, masked_uniform
 
 
 class GroupDROWeighting(Weighting):
     """Exponentiated-gradient weights with step ``dro_step_size`` (eta) and smoothing ``dro_smoothing`` (eps)."""
 
-    def __init__(self, num_tasks: int, dro_step_size: float = 0.01, dro_smoothing: float = 1e-3, **kwargs) -> None:
+    def __init__(
+        self,
+        num_tasks: int,
+        dro_step_size: float = DEFAULTS.dro_step_size,
+        dro_smoothing: float = DEFAULTS.dro_smoothing,
+        **kwargs,
+    ) -> None:
         super().__init__(num_tasks, **kwargs)
-        if not dro_step_size > 0:
-            raise ValueError(f"dro_step_size must be > 0, got {dro_step_size}")
-        if not 0.0 <= dro_smoothing < 1.0:
-            raise ValueError(f"dro_smoothing must be in [0, 1), got {dro_smoothing}")
+        check_weighting_options(dro_step_size=dro_step_size, dro_smoothing=dro_smoothing)
         self.dro_step_size = dro_step_size
         self.dro_smoothing = dro_smoothing
         self.log_q = torch.zeros(num_tasks)

@@ -14,9 +14,8 @@ import math
 
 import torch
 
+from .arguments import DEFAULTS, check_weighting_options
 from .base import Weighting, masked_uniform
-
-ALPHA_SCHEDULES = ("constant", "sqrt")
 
 
 class MinimaxWeighting(Weighting):
@@ -32,18 +31,13 @@ class MinimaxWeighting(Weighting):
     def __init__(
         self,
         num_tasks: int,
-        alpha: float = 1.0,
-        alpha_schedule: str = "constant",
-        weight_floor: float = 0.0,
+        alpha: float = DEFAULTS.alpha,
+        alpha_schedule: str = DEFAULTS.alpha_schedule,
+        weight_floor: float = DEFAULTS.weight_floor,
         **kwargs,
     ) -> None:
         super().__init__(num_tasks, **kwargs)
-        if not alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
-        if alpha_schedule not in ALPHA_SCHEDULES:
-            raise ValueError(f"alpha_schedule must be one of {ALPHA_SCHEDULES}, got {alpha_schedule!r}")
-        if not 0.0 <= weight_floor < 1.0:
-            raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}")
+        check_weighting_options(alpha=alpha, alpha_schedule=alpha_schedule, weight_floor=weight_floor)
         self.alpha = alpha
         self.alpha_schedule = alpha_schedule
         self.weight_floor = weight_floor

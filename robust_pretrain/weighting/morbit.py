@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .arguments import DEFAULTS, check_weighting_options
 from .base import Weighting
 
 
@@ -36,10 +37,9 @@ def project_to_simplex(v: torch.Tensor) -> torch.Tensor:
 class MorbitWeighting(Weighting):
     """Projected ascent ``lambda <- proj(lambda + morbit_step_size * L)``, starting from the uniform vector."""
 
-    def __init__(self, num_tasks: int, morbit_step_size: float = 0.01, **kwargs) -> None:
+    def __init__(self, num_tasks: int, morbit_step_size: float = DEFAULTS.morbit_step_size, **kwargs) -> None:
         super().__init__(num_tasks, **kwargs)
-        if not morbit_step_size > 0:
-            raise ValueError(f"morbit_step_size must be > 0, got {morbit_step_size}")
+        check_weighting_options(morbit_step_size=morbit_step_size)
         self.morbit_step_size = morbit_step_size
         self.lam = torch.full((num_tasks,), 1.0 / num_tasks)
 

@@ -1,0 +1,58 @@
+"""The options of the weighting strategies, declared once: the strategies' constructors, ``MinimaxTrainingArguments``
+(which inherits this dataclass), the recipes and ``robust-pretrain-compare`` all read their defaults and accepted
+values from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from robust_pretrain.options import option, option_problems
+
+LOSS_NORMALIZATIONS = ("raw", "relative", "excess")
+ALPHA_SCHEDULES = ("constant", "sqrt")
+
+
+@dataclass
+class WeightingArguments:
+    """The options a strategy's constructor takes (each strategy takes a subset: ``accepted_options(name)``)."""
+
+    alpha: float = option(1.0, "minimax: softmax scale alpha (alpha_0 with the sqrt schedule).", above=0)
+    alpha_schedule: str = option(
+        "constant",
+        "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), Thm 3.1).",
+        choices=ALPHA_SCHEDULES,
+    )
+    weight_floor: float = option(
+        0.0, "minimax: mix eps of the uniform distribution into the weights.", minimum=0, below=1
+    )
+    loss_ema: float = option(0.0, "Loss-driven strategies: EMA factor of the task-loss estimates.", minimum=0, below=1)
+    loss_normalization: str = option(
+        "raw",
+        "Loss-driven strategies: 'raw' (the paper), 'relative' (L_t / L_t at the first step) or 'excess' "
+        "(max(L_t - reference_t, 0), needs reference_losses).",
+        choices=LOSS_NORMALIZATIONS,
+    )
+    reference_losses: list[float] | None = option(
+        None, "One reference loss per task, for loss_normalization='excess' (finite numbers)."
+    )
+    dro_step_size: float = option(0.01, "group_dro: exponentiated-gradient step eta.", above=0)
+    dro_smoothing: float = option(1e-3, "group_dro: uniform smoothing eps.", minimum=0, below=1)
+    morbit_step_size: float = option(0.01, "morbit: projected-ascent step gamma.", above=0)
+    gradnorm_alpha: float = option(1.5, "gradnorm: asymmetry alpha.", minimum=0)
+    dwa_temperature: float = option(2.0, "dwa: temperature tau.", above=0)
+    dwa_window: int = option(20, "dwa: optimizer steps per loss-averaging window.", minimum=1)
+
+
+#: The declared defaults, for the strategies' constructor signatures.
+DEFAULTS = WeightingArguments()
+
+
+def check_weighting_options(**values: Any) -> None:
+    """Raise a ``ValueError`` naming every option in ``values`` that its declaration does not accept."""
+    problems = option_problems(WeightingArguments, values, style="api", check_paths=False)
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+__all__ = ["ALPHA_SCHEDULES", "DEFAULTS", "LOSS_NORMALIZATIONS", "WeightingArguments", "check_weighting_options"]
