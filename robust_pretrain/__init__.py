@@ -1,8 +1,8 @@
 """robust-pretrain: task-robust (worst-case) pre-training on top of the Hugging Face Trainer.
 
 The trainer and its arguments import transformers; they load on first access so that light entry points (the
-``robust-pretrain-publish`` command, tagging workers) start fast. Importing the package registers the MM-MAE
-classes with transformers' Auto classes (lazily, see :mod:`robust_pretrain.vision.auto_registration`).
+``robust-pretrain-publish`` command, tagging workers) start fast. Importing the package makes transformers' Auto classes
+find the MM-MAE classes, which load on the first MM-MAE lookup (see :mod:`robust_pretrain.vision.auto_registration`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _LAZY = {
 }
 __all__ = sorted(_LAZY)
 
-# MM-MAE classes join transformers' Auto classes when transformers loads them (no import of transformers here).
+# transformers' Auto classes find the MM-MAE classes (no import of transformers here, none while it imports).
 install_auto_registration()
 
 
