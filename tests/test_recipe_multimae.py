@@ -7,7 +7,6 @@ The recipe runs in-process where one process suffices; subprocesses for two proc
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import torch
 from huggingface_hub import ModelCard
 from PIL import Image
 from ports import free_port
-from processes import wait_for_checkpoint
+from processes import checkout_env, wait_for_checkpoint
 from safetensors.torch import load_file
 from test_recipe_pretrain import DEMO_CONFIG, assert_png, single_thread
 
@@ -165,7 +164,7 @@ def test_resume_refuses_other_settings(pushed_run) -> None:
 def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -> None:
     """2 gloo processes x 2 images per step compute what 1 process x 4 images computes: same crops and masks (keyed
     by image id), per-task losses pooled exactly over processes; the parameters agree to float rounding."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     two, one = tmp_path / "two", tmp_path / "one"
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -193,7 +192,7 @@ def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -
 def test_killed_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     """12 scenes in batches of 4: 3 steps per epoch, so the kill lands in the second epoch (new crops and masks) and
     the rerun resumes mid-run; its parameters are bit-identical to an uninterrupted run's."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     steps = 8
 
     def command(output_dir: Path) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 import yaml
 from huggingface_hub import ModelCard
 from ports import free_port
-from processes import wait_for_checkpoint
+from processes import checkout_env, wait_for_checkpoint
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import common as recipe_common
@@ -489,7 +488,7 @@ def test_resume_after_kill(tmp_path: Path, small_files) -> None:
     common = ["--train_file", str(small_files["train.txt"]), "--max_seq_length", "64", "--save_steps", "1"]
     common += ["--max_steps", "30"]
     command = [sys.executable, str(RECIPES / "pretrain_pos_mlm.py"), *argv(output_dir, *common)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     log = tmp_path / "killed.log"
     with open(log, "w") as stream:
         proc = subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -619,7 +618,7 @@ def test_lora_adapter_reproduces_the_trained_mlm(lora_run: Path) -> None:
 
 def test_two_processes(tmp_path: Path, small_files) -> None:
     output_dir = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",

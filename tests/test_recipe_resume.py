@@ -5,14 +5,13 @@ with task-weighted sampling (the sampling weights of the steps before the checkp
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from processes import wait_for_checkpoint
+from processes import checkout_env, wait_for_checkpoint
 from safetensors.torch import load_file
 
 from robust_pretrain.data import load_ewt_corpus
@@ -63,7 +62,7 @@ def _train_loss(output_dir: Path) -> float:
 def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, extra: list[str]) -> None:
     train_file = tmp_path / "train.txt"
     train_file.write_text("\n".join(load_ewt_corpus("train")["text"][:60]) + "\n", encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     reference_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
     with open(tmp_path / "uninterrupted.log", "w") as reference_log, open(tmp_path / "killed.log", "w") as killed_log:
         reference = subprocess.Popen(

@@ -9,7 +9,6 @@ Accelerate's FSDP2 wrapping refuses the parameter BERT shares between ``cls.pred
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 import yaml
 from ports import free_port
+from processes import checkout_env
 from safetensors.torch import load_file
 from transformers import BertForMaskedLM
 
@@ -30,7 +30,7 @@ TOLERANCE = 1e-6  # measured: 0.0 (same reductions, fp32)
 
 
 def torchrun(out: Path, *args: str, port: int, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent), "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     result = subprocess.run([*command, str(SCRIPT), "--out", str(out), *args], env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
@@ -120,7 +120,7 @@ def test_fsdp_config_on_cpu_runs_ddp_and_says_so(tmp_path):
     assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
     config.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=free_port())
     (tmp_path / "fsdp2_cpu.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent), "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     out = tmp_path / "run"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "fsdp2_cpu.yaml")]
     result = subprocess.run(
@@ -145,7 +145,7 @@ def test_fsdp_config_on_cpu_runs_ddp_and_says_so(tmp_path):
     torch.cuda.device_count() < 2, reason="GPU-only: Accelerate's FSDP path needs 2 CUDA devices (none here)"
 )
 def test_gpu_accelerate_fsdp2_config_equals_ddp(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    env = checkout_env()
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2"]
     args = [*COMMON, "--gpu"]
     subprocess.run(

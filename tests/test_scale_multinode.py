@@ -9,13 +9,13 @@ and nothing the run publishes (model, card, report, plot, run config) appears on
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from ports import free_port
+from processes import checkout_env
 from safetensors.torch import load_file
 
 from robust_pretrain.data import load_ewt_corpus
@@ -56,7 +56,7 @@ def torchrun(*options: str) -> list[str]:
 
 
 def env_for(home: Path) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(home), "HF_DATASETS_CACHE": str(home / "datasets")}
+    return checkout_env(OMP_NUM_THREADS="1", HF_HOME=str(home), HF_DATASETS_CACHE=str(home / "datasets"))
 
 
 def test_two_nodes_of_one_process_equal_one_node_of_two(tmp_path, data):

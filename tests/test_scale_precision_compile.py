@@ -9,7 +9,6 @@ compiles exactly the graphs inductor would, without inductor's minutes of code g
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from ports import free_port
+from processes import checkout_env
 from safetensors.torch import load_file
 from test_trainer import make_args
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
@@ -86,7 +86,7 @@ def test_gpu_fp16_trains_with_fp32_weights_and_task_losses(tmp_path):
 
 
 def run_two_processes(out: Path, *args: str, port: int) -> None:
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent), "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     result = subprocess.run([*command, str(SCRIPT), "--out", str(out), *args], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]

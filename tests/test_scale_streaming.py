@@ -5,7 +5,6 @@ DataLoader worker; a run SIGKILLed after a checkpoint and rerun ends exactly lik
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import psutil
 import pytest
 import torch
 from ports import free_port
-from processes import wait_for_checkpoint
+from processes import checkout_env, wait_for_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -58,7 +57,7 @@ def recipe_args(corpus: dict[str, Path], output_dir: Path, max_steps: int = MAX_
 def launch(corpus: dict[str, Path], output_dir: Path, log: Path, max_steps: int = MAX_STEPS) -> subprocess.Popen:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     command = [*torchrun, "--master_port", str(free_port()), str(RECIPE), *recipe_args(corpus, output_dir, max_steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     with open(log, "w") as stream:  # the child keeps its own copy of the file descriptor
         return subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT)
 

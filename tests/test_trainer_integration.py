@@ -1,13 +1,13 @@
 """MinimaxTrainer inside the Trainer's machinery: version floor, columns, evaluation, metrics, Trainer options."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 from ports import free_port
+from processes import checkout_env
 from test_trainer import SCRIPT, DictLossModel, GradRecorder, make_args, max_relative_difference, one_step
 from tiny_training import TASKS, TaskLossBert, as_dataset, evaluate_both_modes, masked_examples, tiny_bert
 from transformers import PretrainedConfig, Trainer, TrainingArguments
@@ -136,7 +136,7 @@ def test_compute_metrics_gets_predictions_in_label_layout_with_the_sparse_head(t
 
 def test_two_process_evaluation_of_an_uneven_set_equals_one_process(tmp_path):
     """5 examples, 2 processes x batch 2: the sampler repeats 3 examples to fill the last batches; they never count."""
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    env = checkout_env()
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     out = tmp_path / "two"
     script = [str(SCRIPT), "--out", str(out), "--eval_examples", "5", "--batch_size", "2"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 from ports import free_port
+from processes import checkout_env
 from transformers import BertConfig, BertModel
 
 from robust_pretrain.cli import UsageError
@@ -257,7 +257,7 @@ def test_two_processes_train_and_evaluate_like_one(checkpoint: Path, tmp_path: P
               "--per_device_eval_batch_size", "2", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
     argv = ["--model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / "ddp"), "--max_steps", "2",
             "--per_device_train_batch_size", "2", *common]  # fmt: skip
-    subprocess.run([*launch, str(recipe), *argv], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    subprocess.run([*launch, str(recipe), *argv], check=True, env=checkout_env(OMP_NUM_THREADS="1"), timeout=600)
     downstream = scenes.generate_scenes(5, "downstream_test", 0, scenes.SceneConfig(image_size=SIZE))
     distributed = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
     check_outputs("depth", tmp_path / "ddp", distributed, downstream["id"], plotted_rows=4)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 from ports import free_port
+from processes import checkout_env
 from safetensors.torch import load_file, save_file
 from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, random_batch, tiny_config
 from torch.nn import functional as F
@@ -356,7 +357,8 @@ def test_ddp_two_processes_with_a_modality_absent_on_one_rank(tmp_path):
     task is present for the step (its loss logged, its weight > 0) and both processes agree."""
     script = Path(__file__).with_name("vision_ddp_run.py")
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
-    result = subprocess.run([*launch, str(script), "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    command = [*launch, str(script), "--out", str(tmp_path)]
+    result = subprocess.run(command, env=checkout_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert runs[0]["logs"] == runs[1]["logs"]
