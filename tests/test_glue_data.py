@@ -8,7 +8,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-from test_glue_support import SHARED_TASKS, make_synthetic_glue, mnli_rows, write_tsv
+from glue_support import SHARED_TASKS, make_synthetic_glue, mnli_rows, write_tsv
 from transformers import HfArgumentParser
 
 from robust_pretrain.cli import UsageError

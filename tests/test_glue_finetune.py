@@ -10,7 +10,7 @@ import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
-from test_glue_support import SHARED_TASKS, make_synthetic_glue, make_tiny_bert
+from glue_support import SHARED_TASKS, make_synthetic_glue, make_tiny_bert
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from robust_pretrain.cli import UsageError

@@ -14,7 +14,7 @@ import torch
 import yaml
 from huggingface_hub import ModelCard
 from ports import free_port
-from test_glue_support import make_tiny_bert
+from glue_support import make_tiny_bert
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation import glue_tasks, suite
