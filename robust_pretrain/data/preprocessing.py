@@ -331,3 +331,31 @@ def repeat_stream(dataset: IterableDataset) -> IterableDataset:
 
 def _add_position(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
     return {**batch, STREAM_POSITION_COLUMN: indices}
+
+
+def task_word_counts(dataset: Dataset | IterableDataset, max_rows: int | None = None) -> tuple[int, int]:
+    """``(words of a task, words)`` in features made by :func:`tokenize_and_tag` (in its first ``max_rows`` rows).
+
+    A word counts once per sequence it has tokens in, with the task of its first token; words of no task
+    (punctuation, numbers, symbols, foreign words tagged ``X``) count among the words only.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if max_rows is not None and isinstance(dataset, IterableDataset):
+        dataset = dataset.take(max_rows)
+    elif max_rows is not None:
+        dataset = dataset.select(range(min(max_rows, len(dataset))))
+    task_words = words = 0
+    for table in dataset.select_columns(["word_ids", "token_task_ids"]).with_format("arrow").iter(batch_size=4096):
+        word_lists = table.column("word_ids").combine_chunks()
+        word_ids = np.asarray(pc.list_flatten(word_lists))
+        task_ids = np.asarray(pc.list_flatten(table.column("token_task_ids").combine_chunks()))
+        offsets = np.asarray(word_lists.offsets)
+        row_starts = offsets[:-1][offsets[1:] > offsets[:-1]] - offsets[0]
+        first_tokens = word_ids >= 0  # a word's tokens are consecutive: its first one follows another word's
+        first_tokens[1:] &= word_ids[1:] != word_ids[:-1]
+        first_tokens[row_starts] = word_ids[row_starts] >= 0
+        words += int(first_tokens.sum())
+        task_words += int((first_tokens & (task_ids >= 0)).sum())
+    return task_words, words

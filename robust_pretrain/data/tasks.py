@@ -25,6 +25,22 @@ DEFAULT_POS_TASKS: Mapping[str, tuple[str, ...]] = {
 }
 """The paper's nine PoS tasks in order. PUNCT, NUM, SYM, PART and X belong to no task: never masked, always context."""
 
+EWT_UPOS_SHARES: Mapping[str, float] = {
+    "ADJ": 0.0648, "ADP": 0.0866, "ADV": 0.0489, "AUX": 0.0613, "CCONJ": 0.0325, "DET": 0.0787, "INTJ": 0.0034,
+    "NOUN": 0.1706, "NUM": 0.0202, "PART": 0.0268, "PRON": 0.0900, "PROPN": 0.0627, "PUNCT": 0.1207,
+    "SCONJ": 0.0175, "SYM": 0.0045, "VERB": 0.1093, "X": 0.0016,
+}  # fmt: skip
+"""Share of each UPOS tag among the words of UD English-EWT train text (231,586 words) as the shipped tagger tags
+it: what English text looks like to the English taggers."""
+IMPLAUSIBLE_SHARE_FRACTION = 1 / 3
+"""Text is not in the tagger's language when the share of its words that belong to a task is below this fraction of
+the share English text has (:meth:`TaskSpec.expected_share`). Measured for the nine default tasks (expected 0.826)
+with the shipped tagger: 0.69 to 0.83 on English (the 55 EWT test documents of at least 100 words, SST-2, CoLA,
+MRPC and RTE dev), 0.0 on Chinese, Japanese, Arabic, Russian and emoji-only text: the limit (0.275) sits 2.5x below
+the lowest English figure, and refuses text of which more than about two thirds are foreign words."""
+JUDGED_MIN_EXPECTED_SHARE = 0.25
+"""Specs whose tags hold less of English text than this are not judged by share (it varies too much with genre)."""
+
 TaskSpecLike = Union["TaskSpec", Mapping[str, str | Sequence[str]], str, Path, None]
 
 
@@ -109,6 +125,10 @@ class TaskSpec:
     def tag_to_task(self) -> dict[str, int]:
         """UPOS tag -> task id, for the tags that belong to a task."""
         return {tag: task_id for task_id, tags in enumerate(self.groups.values()) for tag in tags}
+
+    def expected_share(self) -> float:
+        """Share of the words of English text that belong to a task (:data:`EWT_UPOS_SHARES` of the spec's tags)."""
+        return sum(EWT_UPOS_SHARES[tag] for tag in self.tag_to_task)
 
     def to_dict(self) -> dict[str, list[str]]:
         """Plain ``{task name: [tags]}`` (e.g. to store in a config)."""
