@@ -42,7 +42,8 @@ from robust_pretrain.data import (
     load_ewt_corpus,
     tokenize_and_tag,
 )
-from robust_pretrain.data.preprocessing import STREAM_POSITION_COLUMN, repeat_stream
+from robust_pretrain.data.preprocessing import STREAM_POSITION_COLUMN, repeat_stream, task_word_counts
+from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EXPECTED_SHARE
 from robust_pretrain.pretraining.common import (
     create_trainer,
     file_fingerprint,
@@ -524,18 +525,32 @@ def save_merged(model, tokenizer, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def require_targets(dataset: Dataset, split: str, data_args: DataArguments, spec: TaskSpec) -> None:
-    """Refuse data in which the tagger finds no word of any task: training would see no target and learn nothing."""
-    for batch in dataset.select_columns("token_task_ids").iter(batch_size=1024):
-        if any(task >= 0 for row in batch["token_task_ids"] for task in row):
-            return
+STREAM_SHARE_ROWS = 1000  # sequences of a stream whose words are counted before training
+
+
+def require_targets(dataset: Dataset | IterableDataset, split: str, data_args: DataArguments, spec: TaskSpec) -> None:
+    """Refuse data in which the tagger finds no word of any task (training would learn nothing), or implausibly few
+    for English text (:data:`~robust_pretrain.data.tasks.IMPLAUSIBLE_SHARE_FRACTION`): text in another language."""
+    streamed = isinstance(dataset, IterableDataset)
+    task_words, words = task_word_counts(dataset, STREAM_SHARE_ROWS if streamed else None)
     source = data_args.dataset_name or getattr(data_args, f"{split}_file", None) or data_args.train_file
     where = f" ({source})" if source else ""
-    raise UsageError(
-        f"the {split} data{where} contains no word of the tasks {spec.task_names}: the `{data_args.tagger}` tagger "
-        "found none (it tags English; is the text in another language, or empty?). Nothing could be masked, so "
-        "nothing would be learned."
-    )
+    if task_words == 0:
+        raise UsageError(
+            f"the {split} data{where} contains no word of the tasks {spec.task_names}: the `{data_args.tagger}` "
+            "tagger found none (it tags English; is the text in another language, or empty?). Nothing could be "
+            "masked, so nothing would be learned."
+        )
+    expected = spec.expected_share()
+    found = task_words / words
+    if expected >= JUDGED_MIN_EXPECTED_SHARE and found < IMPLAUSIBLE_SHARE_FRACTION * expected:
+        counted = f"its first {STREAM_SHARE_ROWS} sequences" if streamed else "it"
+        raise UsageError(
+            f"the {split} data{where} does not look like English text: {found:.1%} of the {words} words in "
+            f"{counted} belong to a task, where English text has {expected:.1%} (at least "
+            f"{IMPLAUSIBLE_SHARE_FRACTION * expected:.1%} is accepted); the `{data_args.tagger}` tagger tags English "
+            "and gives words of other scripts X, so they would never be masked."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
