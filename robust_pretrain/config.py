@@ -14,6 +14,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from robust_pretrain.cli import UsageError, refuse
+from robust_pretrain.configs import resolve_config
 from robust_pretrain.options import option_problems
 
 
@@ -43,10 +44,9 @@ def _config_to_argv(config: dict[str, Any], path: Path) -> list[str]:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a flat YAML (``.yaml``/``.yml``) or JSON mapping of option name -> value."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--config {path}: config file not found")
+    """Read a flat YAML (``.yaml``/``.yml``) or JSON mapping of option name -> value; ``path`` may also name a packaged
+    config (``demo``, ``vision_demo``: :func:`robust_pretrain.configs.resolve_config`)."""
+    path = resolve_config(str(path))
     try:
         text = path.read_text(encoding="utf-8")
         config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

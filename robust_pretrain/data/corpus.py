@@ -1,11 +1,13 @@
 """UD English-EWT raw text as a pre-training corpus, read from the treebank's CoNLL-U files (CC BY-SA 4.0).
 
 The text is not shipped with the package: point ``ud_dir`` at a folder holding ``en_ewt-ud-{train,dev,test}.conllu``
-(a clone of https://github.com/UniversalDependencies/UD_English-EWT) or at a Hub dataset repository holding them.
+(a clone of https://github.com/UniversalDependencies/UD_English-EWT) or at a Hub dataset repository holding them, or
+set ``$ROBUST_PRETRAIN_UD_DIR``; by default it is ``../shared/data/ud_ewt`` from the current directory.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -13,9 +15,11 @@ from datasets import Dataset
 
 from robust_pretrain.data.conllu import ConlluSentence, read_conllu
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_UD_DIR = PROJECT_ROOT.parent / "shared" / "data" / "ud_ewt"
-"""``../shared/data/ud_ewt`` beside the project checkout, used when no ``ud_dir`` is given."""
+UD_DIR_ENV = "ROBUST_PRETRAIN_UD_DIR"
+"""Environment variable naming the UD-EWT folder (or Hub reference) used when no ``ud_dir`` is given."""
+DEFAULT_UD_DIR = Path("..", "shared", "data", "ud_ewt")
+"""Where the UD-EWT folder is when neither ``ud_dir`` nor :data:`UD_DIR_ENV` is given: relative to the current
+directory, the layout of the project checkout (the shared data beside it)."""
 UD_EWT_URL = "https://github.com/UniversalDependencies/UD_English-EWT"
 HUB_PREFIX = "hf://datasets/"
 SPLIT_SOURCES = {"train": ("train", "dev"), "test": ("test",)}
@@ -45,17 +49,22 @@ def resolve_ud_dir(ud_dir: str | Path | None = None) -> Path:
     """The local folder of the UD English-EWT CoNLL-U files.
 
     ``ud_dir``: a local folder; ``hf://datasets/<owner>/<name>[@<revision>][/<folder>]`` for a Hub dataset
-    repository holding the files (downloaded once into the Hugging Face cache); ``None`` for
-    :data:`DEFAULT_UD_DIR`.
+    repository holding the files (downloaded once into the Hugging Face cache); ``None`` for the environment variable
+    :data:`UD_DIR_ENV` if set, else :data:`DEFAULT_UD_DIR` (relative paths: from the current directory).
     """
-    if ud_dir is not None and str(ud_dir).startswith(HUB_PREFIX):
+    origin = ""
+    if ud_dir is None:
+        ud_dir = os.environ.get(UD_DIR_ENV) or None
+        origin = f" (from ${UD_DIR_ENV})" if ud_dir else f" (the default, {DEFAULT_UD_DIR} from the current directory)"
+        ud_dir = ud_dir or DEFAULT_UD_DIR
+    if str(ud_dir).startswith(HUB_PREFIX):
         return _download_from_hub(str(ud_dir))
-    path = Path(ud_dir) if ud_dir is not None else DEFAULT_UD_DIR
+    path = Path(ud_dir)
     if not path.is_dir():
         raise FileNotFoundError(
-            f"UD English-EWT folder not found: {path}. Clone {UD_EWT_URL} (CC BY-SA 4.0) and pass its folder as "
-            f"ud_dir (--ud_dir), or pass {HUB_PREFIX}<owner>/<name>[/<folder>] for a Hub dataset repository holding "
-            "en_ewt-ud-{train,dev,test}.conllu."
+            f"UD English-EWT folder not found: {os.path.abspath(path)}{origin}. Clone {UD_EWT_URL} (CC BY-SA 4.0) "
+            f"and pass its folder as ud_dir (--ud_dir) or in ${UD_DIR_ENV}, or pass {HUB_PREFIX}<owner>/<name>"
+            "[/<folder>] for a Hub dataset repository holding en_ewt-ud-{train,dev,test}.conllu."
         )
     return path
 
