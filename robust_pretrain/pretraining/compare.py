@@ -248,8 +248,6 @@ def run(argv: list[str]) -> dict:
     )
     cli = parser.parse_args(own)
     cli.overrides = overrides
-    if cli.config and not Path(cli.config).is_file():
-        parser.error(f"config file not found: {cli.config}")
     try:
         cli.recipe = cli.recipe or recipe_for_config(load_config_file(cli.config) if cli.config else {})
         runs = plan_runs(cli.strategies, cli.sweep)

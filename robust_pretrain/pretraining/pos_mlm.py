@@ -124,7 +124,7 @@ class DataArguments:
         metadata={
             "help": "Default corpus when neither dataset_name nor train_file is given: a folder holding UD English-EWT "
             "en_ewt-ud-{train,dev,test}.conllu, or hf://datasets/<owner>/<name>[/<folder>] (default: "
-            "../shared/data/ud_ewt beside the project)."
+            "$ROBUST_PRETRAIN_UD_DIR, else ../shared/data/ud_ewt from the current directory)."
         },
     )
     validation_split_percentage: int = field(
