@@ -4,7 +4,7 @@
         return run_console(run, argv, prog="robust-pretrain-pos-mlm")
 
 ``run(argv)`` raises :class:`UsageError` (a ``ValueError``) for a bad option, file or checkpoint, naming it; the
-console prints ``<prog>: error: <message>`` (one line per line of the message: one per problem) and returns 2.
+console prints ``<prog>: error: <message>`` (one line per problem) and returns 2.
 Parsers derive from :class:`ConsoleArgumentParser`, whose argparse errors are such an error too (one line, no usage).
 Anything else is a bug and keeps its traceback. The
 traceback of an expected error too is shown with ``--traceback`` on the command line or
@@ -31,8 +31,11 @@ _HUB_ID = re.compile(r"[\w.\-]{1,96}(/[\w.\-]{1,96})?")
 
 
 class UsageError(ValueError):
-    """An expected user error (bad option, file or checkpoint); the message names it and says what to do, one line
-    per problem."""
+    """An expected user error (bad option, file or checkpoint); the message names it and says what to do. Several
+    problems found at once are several arguments, shown one line each."""
+
+    def __str__(self) -> str:
+        return "\n".join(str(problem) for problem in self.args)
 
 
 class ConsoleArgumentParser(argparse.ArgumentParser):
@@ -46,7 +49,7 @@ class ConsoleArgumentParser(argparse.ArgumentParser):
 def refuse(problems: Sequence[str]) -> None:
     """Raise one :class:`UsageError` listing every problem (one line each), if there are any."""
     if problems:
-        raise UsageError("\n".join(problems))
+        raise UsageError(*problems)
 
 
 def run_console(run: Callable[[list[str]], Any], argv: Sequence[str] | None = None, *, prog: str) -> int:
@@ -59,7 +62,7 @@ def run_console(run: Callable[[list[str]], Any], argv: Sequence[str] | None = No
     except UsageError as err:
         if show_traceback:
             raise
-        problems = [" ".join(line.split()) for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+        problems = [" ".join(str(problem).split()) for problem in err.args] or [type(err).__name__]
         problems[-1] += f" (run with {TRACEBACK_FLAG} or {TRACEBACK_ENV}=1 for the traceback)"
         for problem in problems:  # one line each: paths stay whole for copy-paste
             print(f"{prog}: error: {problem}", file=sys.stderr)

@@ -223,3 +223,23 @@ def declared_defaults(cls: type) -> dict[str, Any]:
         elif each.default_factory is not MISSING:
             defaults[each.name] = each.default_factory()
     return defaults
+
+
+@dataclass
+class LoraArguments:
+    """LoRA via peft (text pre-training, GLUE and dense fine-tuning): declared once for every recipe.
+
+    ``lora_dropout`` 0.1: the dropout QLoRA (Dettmers et al., 2023) found best for models up to 13B parameters and the
+    one PEFT's sequence-classification examples use; every model this project trains is far smaller.
+    """
+
+    use_lora: bool = option(False, "Train LoRA adapters (peft) instead of all weights.")
+    lora_r: int = option(8, "LoRA rank.", minimum=1)
+    lora_alpha: int = option(16, "LoRA scaling alpha.", above=0)
+    lora_dropout: float = option(0.1, "Dropout on the LoRA branch.", minimum=0, below=1)
+    lora_target_modules: list[str] = option(
+        default_factory=lambda: ["query", "value"], help="Module names that get LoRA adapters."
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
-from transformers import HfArgumentParser
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
-from robust_pretrain.config import load_config_file, parse_with_config
+from robust_pretrain.config import OptionParser, load_config_file, parse_with_config
 from robust_pretrain.evaluation.checkpoints import (
     checkpoint_identity,
     checkpoint_key,
@@ -343,7 +342,7 @@ def _family_from_argv(argv: Sequence[str] | None) -> str:
 def parse_suite_args(argv: Sequence[str] | None = None) -> tuple[SuiteArguments, tuple[Any, ...]]:
     """Parse ``[--config FILE] [--family NAME] --checkpoints ... <family options>``."""
     family = get_family(_family_from_argv(argv))
-    parser = HfArgumentParser(
+    parser = OptionParser(
         (SuiteArguments, *family.option_types),
         description=f"{family.name} tasks x seeds per checkpoint; reports the average and the worst task. "
         "--config FILE (YAML/JSON) sets defaults for any option.",

@@ -16,7 +16,6 @@ from transformers import (
     AutoTokenizer,
     DataCollatorWithPadding,
     EvalPrediction,
-    HfArgumentParser,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -26,11 +25,13 @@ from transformers import (
 from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
-from robust_pretrain.config import parse_with_config
-from robust_pretrain.finetuning import LoraArguments, log_train_results, prepare_output_dir
+from robust_pretrain.config import OptionParser, parse_with_config
+from robust_pretrain.finetuning import log_train_results
 from robust_pretrain.glue.data import load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
+from robust_pretrain.options import LoraArguments
+from robust_pretrain.output_dir import claim_for_new_run
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 
 logger = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ def run_finetune(
     check_checkpoint(run_args.model_name_or_path)
     check_checkpoint(run_args.tokenizer_name, "--tokenizer_name", model=False)
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
-    prepare_output_dir(
+    claim_for_new_run(
         training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_PREDICTIONS
     )
     set_seed(training_args.seed)
@@ -280,7 +281,7 @@ def run_finetune(
 
 def run(argv: list[str]) -> dict[str, float]:
     """Parse ``[--config FILE] [--option value ...]``, fine-tune and evaluate; returns the eval metrics."""
-    parser = HfArgumentParser(
+    parser = OptionParser(
         (GlueRunArguments, GlueDataArguments, LoraArguments, GlueTrainingArguments),
         description="Fine-tune a checkpoint on a GLUE task. --config FILE (YAML/JSON) sets defaults for any option.",
     )

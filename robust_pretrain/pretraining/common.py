@@ -1,13 +1,11 @@
-"""Machinery shared by the pre-training recipes: resume checks, run config, logging, the final outputs."""
+"""Machinery shared by the pre-training recipes: run settings, logging, the trainer, the final outputs (the output
+directory policy: :mod:`robust_pretrain.output_dir`)."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
-import re
-import shutil
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -17,19 +15,15 @@ import datasets
 import transformers
 from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_utils import get_last_checkpoint
 
-from robust_pretrain.cli import UsageError
 from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
-from robust_pretrain.reporting import TASK_REPORT_NAME
+from robust_pretrain.output_dir import last_complete_checkpoint  # noqa: F401  (imported from here by the tests)
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
 
 logger = logging.getLogger(__name__)
-
-RUN_CONFIG_NAME = "run_config.json"
 
 
 def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Logger) -> None:
@@ -61,21 +55,6 @@ def peek_option(argv: list[str], name: str, nargs: str | None = None) -> Any:
     return value
 
 
-def last_complete_checkpoint(output_dir: Path) -> str | None:
-    """The newest ``checkpoint-N`` with ``trainer_state.json`` (written last): a run killed while saving leaves a
-    partial checkpoint, which the Trainer cannot resume from."""
-    checkpoints = {}
-    for path in Path(output_dir).iterdir():
-        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        if match and path.is_dir():
-            checkpoints[int(match.group(1))] = path
-    for step in sorted(checkpoints, reverse=True):
-        if (checkpoints[step] / "trainer_state.json").is_file():
-            return str(checkpoints[step])
-        logger.warning("skipping %s: incomplete (no trainer_state.json), interrupted while saving", checkpoints[step])
-    return None
-
-
 # TrainingArguments fields that change what a run computes (MinimaxTrainingArguments' own fields are added).
 TRAINING_SETTINGS = (
     "seed",
@@ -104,8 +83,6 @@ TRAINING_SETTINGS = (
     "torch_compile",
     "use_cpu",
 )
-# Files a finished or interrupted run leaves in output_dir.
-RUN_OUTPUTS = ("config.json", "model.safetensors", "adapter_config.json", TASK_REPORT_NAME, "trainer_state.json")
 
 
 def training_settings(training_args: MinimaxTrainingArguments) -> dict[str, Any]:
@@ -130,93 +107,6 @@ def file_fingerprint(path: str | Path | None) -> str | None:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    keys = [k for k in {**previous, **current} if k != "max_steps" and previous.get(k) != current.get(k)]
-    return [f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in keys]
-
-
-def check_output_dir(output_dir: str | Path, current: dict[str, Any], overwrite: bool) -> str | None:
-    """The checkpoint to resume from, or None (a fresh run). Refuses, before anything trains, an output_dir that holds
-    another run: one whose saved settings (``run_config.json``) differ from ``current`` (each difference is named), a
-    smaller ``max_steps``, a run that is already complete, or checkpoints and models this recipe did not write.
-    A larger ``max_steps`` extends the run from its last checkpoint."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir() or overwrite:
-        return None
-    last = get_last_checkpoint(str(output_dir))
-    saved = output_dir / RUN_CONFIG_NAME
-    if not saved.is_file():
-        found = [name for name in RUN_OUTPUTS if (output_dir / name).exists()] + ([Path(last).name] if last else [])
-        if found:
-            raise UsageError(
-                f"--output_dir {output_dir} holds {', '.join(found)} of a run this recipe did not start; choose "
-                "another --output_dir or pass --overwrite_output_dir true (which deletes its checkpoints)"
-            )
-        return None
-    previous = json.loads(saved.read_text())
-    differences = _differences(previous, current)
-    old_steps, new_steps = previous.get("max_steps"), current.get("max_steps")
-    if old_steps != new_steps and not (isinstance(old_steps, int) and isinstance(new_steps, int) and old_steps > 0):
-        differences.append(f"max_steps: {old_steps!r} -> {new_steps!r}")
-    if differences:
-        raise UsageError(
-            f"--output_dir {output_dir} holds a run with other settings ({'; '.join(differences)}); resuming it would "
-            "mix two runs. Choose another --output_dir, or pass --overwrite_output_dir true to start afresh there."
-        )
-    checkpoint = last_complete_checkpoint(output_dir)
-    done = int(Path(checkpoint).name.split("-")[1]) if checkpoint else 0
-    if new_steps > 0 and new_steps < old_steps:
-        raise UsageError(
-            f"--max_steps {new_steps} is smaller than the {old_steps} steps of the run in --output_dir {output_dir}; "
-            "a run can be extended, not shortened. Choose another --output_dir or pass --overwrite_output_dir true."
-        )
-    if new_steps > old_steps:
-        logger.warning(
-            "Extending the run in %s from max_steps %d to %d (resuming at step %d; the learning-rate schedule now "
-            "ends at step %d)",
-            output_dir,
-            old_steps,
-            new_steps,
-            done,
-            new_steps,
-        )
-    elif checkpoint is not None and (output_dir / TASK_REPORT_NAME).is_file() and done >= new_steps > 0:
-        raise UsageError(
-            f"the run in --output_dir {output_dir} is complete ({done} steps): nothing to train. Pass a larger "
-            "--max_steps to extend it, another --output_dir, or --overwrite_output_dir true to start afresh."
-        )
-    return checkpoint
-
-
-def prepare_output_dir(training_args: MinimaxTrainingArguments, current: dict[str, Any], overwrite: bool) -> str | None:
-    """Check ``output_dir`` against this run, delete old checkpoints if ``overwrite``; the checkpoint to resume from."""
-    last_checkpoint = check_output_dir(training_args.output_dir, current, overwrite)
-    resume_checkpoint = training_args.resume_from_checkpoint or last_checkpoint
-    if resume_checkpoint is not None:
-        logger.info("Resuming from checkpoint %s (pass --overwrite_output_dir true to start afresh)", resume_checkpoint)
-    if overwrite and Path(training_args.output_dir).is_dir() and training_args.should_save:
-        for checkpoint in Path(training_args.output_dir).glob("checkpoint-*"):
-            shutil.rmtree(checkpoint)
-    return resume_checkpoint
-
-
-def validate_training_args(training_args: MinimaxTrainingArguments) -> None:
-    """Refuse step budgets the Trainer would misread (0 performs one step, a negative one trains 3 epochs)."""
-    if training_args.max_steps == 0 or training_args.max_steps < -1:
-        raise UsageError(
-            f"--max_steps must be a positive number of optimizer steps (or -1 to train --num_train_epochs), "
-            f"got {training_args.max_steps}"
-        )
-    if training_args.max_steps == -1 and training_args.num_train_epochs <= 0:
-        raise UsageError(f"--num_train_epochs must be positive, got {training_args.num_train_epochs}")
-
-
-def write_run_config(training_args: MinimaxTrainingArguments, config: dict[str, Any]) -> None:
-    if training_args.should_save:
-        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(training_args.output_dir) / RUN_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def summarise_log(logs: dict[str, Any], max_steps: int) -> str:

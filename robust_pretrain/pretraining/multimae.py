@@ -28,20 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForPreTraining, HfArgumentParser, set_seed
+from transformers import AutoConfig, AutoModelForPreTraining, set_seed
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
-from robust_pretrain.config import parse_with_config
+from robust_pretrain.config import OptionParser, parse_with_config
+from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
     create_trainer,
     peek_option,
-    prepare_output_dir,
     push,
     setup_logging,
     train_and_evaluate,
     training_settings,
-    validate_training_args,
-    write_run_config,
 )
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.plots import plot_reconstructions
@@ -385,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str]) -> dict:
     """Pre-train as ``argv`` says; the held-out metrics and the task report."""
     task_names = _task_names_from_argv(argv)
-    parser = HfArgumentParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
+    parser = OptionParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(
         modalities=task_names,
         task_names=task_names,
@@ -401,7 +399,6 @@ def run(argv: list[str]) -> dict:
     model_args, data_args, training_args = parse_with_config(parser, argv)
     if list(training_args.task_names) != list(model_args.modalities):
         raise UsageError(f"--task_names {training_args.task_names} differ from the modalities {model_args.modalities}")
-    validate_training_args(training_args)
     check_checkpoint(model_args.model_name_or_path)
 
     setup_logging(training_args, logger)
@@ -409,7 +406,7 @@ def run(argv: list[str]) -> dict:
         "weighting=%s modalities=%s output_dir=%s", training_args.weighting, task_names, training_args.output_dir
     )
     settings = run_config(model_args, data_args, training_args)
-    resume_checkpoint = prepare_output_dir(training_args, settings, overwrite=data_args.overwrite_output_dir)
+    resume_checkpoint = resume_or_refuse(training_args, settings, overwrite=data_args.overwrite_output_dir)
     set_seed(training_args.seed)
 
     scene_data = data_args.image_folder is None and data_args.dataset_name is None

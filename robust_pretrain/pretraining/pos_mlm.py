@@ -28,13 +28,12 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertTokenizerFast,
-    HfArgumentParser,
     default_data_collator,
     set_seed,
 )
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
-from robust_pretrain.config import parse_with_config
+from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.data import (
     UPOS_TAGS,
     TaskGroupedMLMCollator,
@@ -44,17 +43,16 @@ from robust_pretrain.data import (
 )
 from robust_pretrain.data.preprocessing import STREAM_POSITION_COLUMN, repeat_stream, task_word_counts
 from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EXPECTED_SHARE
+from robust_pretrain.options import LoraArguments, check_options, option
+from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
     create_trainer,
     file_fingerprint,
     peek_option,
-    prepare_output_dir,
     push,
     setup_logging,
     train_and_evaluate,
     training_settings,
-    validate_training_args,
-    write_run_config,
 )
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
@@ -73,13 +71,14 @@ MODEL_SIZES = {  # from-scratch BERT presets: layers, hidden, heads, intermediat
     "base": (12, 768, 12, 3072),
 }
 MAX_SCRATCH_SEQ_LENGTH = 8192  # position embeddings of a from-scratch model; beyond this is a typo, not a plan
+MIN_VOCAB_SIZE = 16  # a WordPiece vocabulary needs its 5 special tokens and some characters
 # Options that do not change what a run computes: they may differ when it resumes.
 NOT_SETTINGS = {"merge_lora", "preprocessing_num_workers", "overwrite_cache", "overwrite_output_dir"}
 TEXT_BUILDERS = {"txt": "text", "jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(LoraArguments):
     model_name_or_path: str | None = field(
         default=None,
         metadata={
@@ -87,9 +86,7 @@ class ModelArguments:
             "AutoModelForMaskedLM. Leave unset to train a BERT from scratch (see model_size)."
         },
     )
-    model_size: str = field(
-        default="tiny", metadata={"help": "From-scratch BERT preset.", "choices": list(MODEL_SIZES)}
-    )
+    model_size: str = option("tiny", "From-scratch BERT preset.", choices=list(MODEL_SIZES))
     tokenizer_name: str | None = field(
         default=None,
         metadata={
@@ -97,14 +94,7 @@ class ModelArguments:
             "trained on the training text)."
         },
     )
-    vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of a tokenizer trained from scratch."})
-    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling alpha."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["query", "value"], metadata={"help": "Module names that get LoRA adapters."}
-    )
+    vocab_size: int = option(8000, "Vocabulary size of a tokenizer trained from scratch.", minimum=MIN_VOCAB_SIZE)
     merge_lora: bool = field(
         default=False, metadata={"help": "Also save the base model with the adapters merged into output_dir/merged."}
     )
@@ -114,10 +104,10 @@ class ModelArguments:
 class DataArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset on the Hub (datasets.load_dataset)."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of dataset_name."})
-    train_file: str | None = field(
-        default=None, metadata={"help": "Training text: .txt, .json/.jsonl, .csv or .parquet."}
+    train_file: str | None = option(
+        None, "Training text: .txt, .json/.jsonl, .csv or .parquet (a path or a glob pattern).", path="file"
     )
-    validation_file: str | None = field(default=None, metadata={"help": "Held-out text, same formats as train_file."})
+    validation_file: str | None = option(None, "Held-out text, same formats as train_file.", path="file")
     text_column_name: str = field(default="text", metadata={"help": "Column holding the raw text."})
     ud_dir: str | None = field(
         default=None,
@@ -127,10 +117,16 @@ class DataArguments:
             "$ROBUST_PRETRAIN_UD_DIR, else ../shared/data/ud_ewt from the current directory)."
         },
     )
-    validation_split_percentage: int = field(
-        default=5, metadata={"help": "Percent of the training data held out when there is no validation split."}
+    validation_split_percentage: int = option(
+        5, "Percent of the training data held out when there is no validation split.", minimum=1, maximum=99
     )
-    max_seq_length: int = field(default=128, metadata={"help": "Tokens per sequence (special tokens included)."})
+    max_seq_length: int = option(
+        128,
+        "Tokens per sequence (special tokens included).",
+        minimum=8,
+        maximum=MAX_SCRATCH_SEQ_LENGTH,
+        description=f"between 8 and {MAX_SCRATCH_SEQ_LENGTH} tokens",
+    )
     pack: bool = field(default=True, metadata={"help": "Concatenate texts and cut them into max_seq_length blocks."})
     streaming: bool = field(
         default=False,
@@ -144,13 +140,13 @@ class DataArguments:
             "whole or its first --max_eval_samples texts) and --tokenizer_name or --model_name_or_path."
         },
     )
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tagging."})
+    preprocessing_num_workers: int | None = option(None, "Processes for tagging.", minimum=1)
     overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the tagged datasets."})
     task_spec: str | None = field(
         default=None,
         metadata={"help": "YAML file mapping task name -> UPOS tags (default: the paper's nine PoS tasks)."},
     )
-    tagger: str = field(default="shipped", metadata={"help": "PoS tagger backend: 'shipped' or 'nltk'."})
+    tagger: str = option("shipped", "PoS tagger backend.", choices=["shipped", "nltk"])
     masking: str = field(
         default="per_token",
         metadata={
@@ -158,7 +154,13 @@ class DataArguments:
             "choices": ["per_token", "per_example"],
         },
     )
-    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of task words masked."})
+    mlm_probability: float = option(
+        0.15,
+        "Fraction of task words masked.",
+        above=0,
+        maximum=1,
+        reason="with nothing masked there is nothing to learn",
+    )
     task_sampling: str = field(
         default="uniform",
         metadata={
@@ -169,37 +171,21 @@ class DataArguments:
             "choices": ["uniform", "weights"],
         },
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the held-out set."})
-    eval_masking_seed: int = field(
-        default=1234,
-        metadata={
-            "help": "Seed of the held-out masks, fixed once so every evaluation and every run sees the same targets."
-        },
+    max_train_samples: int | None = option(None, "Truncate the training set (debugging).", minimum=1)
+    max_eval_samples: int | None = option(None, "Truncate the held-out set.", minimum=1)
+    eval_masking_seed: int = option(
+        1234,
+        "Seed of the held-out masks, fixed once so every evaluation and every run sees the same targets.",
+        minimum=0,
     )
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Start afresh even if output_dir holds checkpoints (they are deleted)."}
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.mlm_probability <= 1.0:
-            raise UsageError(
-                f"--mlm_probability must be in (0, 1], got {self.mlm_probability}: with nothing masked there is "
-                "nothing to learn"
-            )
+        check_options(self)
         if self.task_sampling == "weights" and self.masking != "per_example":
             raise UsageError("--task_sampling weights draws one task per sequence: it needs --masking per_example")
-        if not 8 <= self.max_seq_length <= MAX_SCRATCH_SEQ_LENGTH:
-            raise UsageError(
-                f"--max_seq_length must be between 8 and {MAX_SCRATCH_SEQ_LENGTH} tokens, got {self.max_seq_length}"
-            )
-        if not 0 < self.validation_split_percentage < 100:
-            raise UsageError(
-                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
-            )
-        for name in ("max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be a positive integer, got {getattr(self, name)}")
 
 
 def run_config(
@@ -566,12 +552,11 @@ def run(argv: list[str]) -> dict:
         spec = TaskSpec.resolve(task_spec)
     except (OSError, ValueError) as err:
         raise UsageError(f"--task_spec {task_spec}: {err}") from err
-    parser = HfArgumentParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
+    parser = OptionParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(task_names=spec.task_names, report_to=[], save_total_limit=3)
     model_args, data_args, training_args = parse_with_config(parser, argv)
     if list(training_args.task_names) != spec.task_names:
         raise UsageError(f"--task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
-    validate_training_args(training_args)
     if data_args.streaming:
         check_streaming(model_args, data_args, training_args)
     schedule, weighting, callbacks = None, None, []
@@ -590,7 +575,7 @@ def run(argv: list[str]) -> dict:
         "weighting=%s tasks=%s output_dir=%s", training_args.weighting, spec.task_names, training_args.output_dir
     )
     settings = run_config(model_args, data_args, training_args, spec)
-    resume_checkpoint = prepare_output_dir(training_args, settings, overwrite=data_args.overwrite_output_dir)
+    resume_checkpoint = resume_or_refuse(training_args, settings, overwrite=data_args.overwrite_output_dir)
     set_seed(training_args.seed)
 
     raw = load_raw_datasets(data_args)

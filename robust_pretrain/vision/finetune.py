@@ -43,7 +43,6 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import (
     EvalPrediction,
-    HfArgumentParser,
     PretrainedConfig,
     PreTrainedModel,
     Trainer,
@@ -54,8 +53,10 @@ from transformers import (
 from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
-from robust_pretrain.config import parse_with_config
-from robust_pretrain.finetuning import LoraArguments, log_train_results, prepare_output_dir
+from robust_pretrain.config import OptionParser, parse_with_config
+from robust_pretrain.finetuning import log_train_results
+from robust_pretrain.options import LoraArguments
+from robust_pretrain.output_dir import claim_for_new_run
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.plots import plot_predictions
 from robust_pretrain.reporting.recipe_cards import dense_card_content
@@ -730,7 +731,7 @@ def run_finetune(
     checkpoint_model_type(run_args.model_name_or_path, task)
     config, _ = PretrainedConfig.get_config_dict(run_args.model_name_or_path)
     data = load_task_data(task, data_args, model_args.input_modalities, int(config.get("patch_size", 16)))
-    prepare_output_dir(
+    claim_for_new_run(
         training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_OUTPUTS
     )
     set_seed(training_args.seed)
@@ -840,7 +841,7 @@ def run_finetune(
 
 def run(argv: list[str]) -> dict[str, float]:
     """Parse ``[--config FILE] [--option value ...]``, fine-tune and evaluate; returns the eval metrics."""
-    parser = HfArgumentParser(
+    parser = OptionParser(
         (DenseRunArguments, DenseModelArguments, DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
         description="Fine-tune an MM-MAE or ViT checkpoint on semantic segmentation, depth or classification. "
         "--config FILE (YAML/JSON) sets defaults for any option.",

@@ -268,12 +268,11 @@ def record_provenance(root: str | Path, split: str, details: Mapping[str, Any]) 
 
 def run(argv: list[str]) -> Path:
     """Label the split ``argv`` names; the path written."""
-    from transformers import HfArgumentParser
 
-    from robust_pretrain.config import parse_with_config
+    from robust_pretrain.config import OptionParser, parse_with_config
     from robust_pretrain.vision.loaders import load_image_folder, load_mapped_dataset
 
-    (args,) = parse_with_config(HfArgumentParser(PseudoLabelArguments, description=__doc__), argv)
+    (args,) = parse_with_config(OptionParser(PseudoLabelArguments, description=__doc__), argv)
     check_checkpoint(args.depth_model, "--depth_model")
     check_checkpoint(args.segmentation_model, "--segmentation_model")
     output = Path(args.output_dir)
