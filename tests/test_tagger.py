@@ -11,6 +11,7 @@ from robust_pretrain.data import get_tagger
 from robust_pretrain.data.conllu import read_conllu, upos_accuracy
 from robust_pretrain.data.perceptron import VectorizedPerceptron, load_model, reference_tagger
 from robust_pretrain.data.taggers import SHIPPED_MODEL_PATH, NltkTagger, ShippedTagger, penn_to_upos
+from robust_pretrain.data.word_tokenizer import script_upos, word_tokenize
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -135,3 +136,50 @@ def test_decoder_type_cache_is_bounded(ewt_test, monkeypatch):
     monkeypatch.setattr(perceptron, "MAX_CACHED_TYPES", 10)
     assert [decoder.tag([words])[0] for words in sample] == expected  # the cache restarts many times
     assert len(decoder._type_id) <= 10 + max(len(words) for words in sample) + 4
+
+
+FOREIGN = {  # real sentences; words of other scripts are X, their punctuation PUNCT, symbols and emoji SYM
+    "chinese": ("北京是中国的首都，我们今天去公园散步了。", ["X", "PUNCT", "X", "PUNCT"]),
+    "japanese": ("東京は日本の首都です。", ["X", "PUNCT"]),
+    "arabic": ("ذهبنا إلى الحديقة اليوم، وكان الطقس جميلا.", ["X", "X", "X", "X", "PUNCT", "X", "X", "X", "PUNCT"]),
+    "russian": ("Мы сегодня гуляли в парке «Сокольники».", ["X", "X", "X", "X", "X", "PUNCT", "X", "PUNCT", "PUNCT"]),
+    "emoji": ("😀 🎉🎉 ❤️ 👍🏽", ["SYM", "SYM", "SYM", "SYM", "SYM", "SYM"]),
+}
+
+
+@pytest.mark.parametrize("backend", ["shipped", "nltk"])
+@pytest.mark.parametrize("language", sorted(FOREIGN))
+def test_words_of_other_scripts_are_not_english_nouns(backend, language, request):
+    if backend == "nltk":
+        request.getfixturevalue("nltk_data")
+    text, expected = FOREIGN[language]
+    assert [tag for _, _, tag in get_tagger(backend)([text])[0]] == expected
+
+
+@pytest.mark.parametrize("backend", ["shipped", "nltk"])
+def test_english_words_keep_their_tags_next_to_foreign_ones(backend, request):
+    if backend == "nltk":
+        request.getfixturevalue("nltk_data")
+    text = "I bought 三本书 in the café near Красная площадь with my 😀 friend ."
+    words = [(text[start:end], tag) for start, end, tag in get_tagger(backend)([text])[0]]
+    assert words == [
+        ("I", "PRON"), ("bought", "VERB"), ("三本书", "X"), ("in", "ADP"), ("the", "DET"), ("café", "NOUN"),
+        ("near", "ADP"), ("Красная", "X"), ("площадь", "X"), ("with", "ADP"), ("my", "PRON"), ("😀", "SYM"),
+        ("friend", "NOUN"), (".", "PUNCT"),
+    ]  # fmt: skip
+
+
+def test_script_tags_are_decoded_like_the_pure_python_perceptron():
+    model = load_model(SHIPPED_MODEL_PATH)
+    sentences = [word_tokenize(text) for text, _ in FOREIGN.values()]
+    sentences.append(word_tokenize("I bought 三本书 in the café near Красная площадь with my 😀 friend ."))
+    assert VectorizedPerceptron(model).tag(sentences) == [reference_tagger(model)(words) for words in sentences]
+
+
+@pytest.mark.parametrize(
+    ("word", "tag"),
+    [("公园", "X"), ("。", "PUNCT"), ("،", "PUNCT"), ("«", "PUNCT"), ("😀", "SYM"), ("₹", "SYM"), ("α", "X"),
+     ("\u200d", "SYM"), ("café", None), ("Ωmega", None), ("٣", None), ("x²", None), ("...", None), ("$", None)],
+)  # fmt: skip
+def test_script_upos(word, tag):
+    assert script_upos(word) == tag
