@@ -140,28 +140,28 @@ def test_weights_come_from_the_first_micro_batch(tmp_path):
     assert torch.allclose(trainer.step_weights, torch.softmax(2.0 * means, 0), atol=1e-6)
 
 
+def task_means_by_hand(examples: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-task mean cross-entropy of the initial ``tiny_bert`` over all of ``examples``."""
+    with torch.no_grad():
+        logits = tiny_bert()(input_ids=examples["input_ids"], attention_mask=examples["attention_mask"]).logits
+    mask = examples["labels"] != -100
+    ce = torch.nn.functional.cross_entropy(logits[mask], examples["labels"][mask], reduction="none")
+    ids = examples["task_ids"][mask]
+    return torch.stack([ce[ids == t].mean() for t in range(len(TASKS))])
+
+
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_path):
-    env = checkout_env()
+    """8 examples, 3 steps (one epoch each): 1 process x 8 against 2 processes x 4 (gloo). Gradients, weights and the
+    logged per-task training losses agree; those of step 1 equal the pooled means over all 8 examples by hand."""
+    env = checkout_env(OMP_NUM_THREADS="1")
     single, double = tmp_path / "single", tmp_path / "ddp"
-    subprocess.run([sys.executable, str(SCRIPT), "--out", str(single), "--batch_size", "8"], check=True, env=env)
+    common = ["--max_steps", "3"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(SCRIPT),
-            "--out",
-            str(double),
-            "--batch_size",
-            "4",
-        ],
-        check=True,
-        env=env,
+        [sys.executable, str(SCRIPT), "--out", str(single), "--batch_size", "8", *common], check=True, env=env
     )
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    subprocess.run([*launch, str(SCRIPT), "--out", str(double), "--batch_size", "4", *common], check=True, env=env)
     reference = load_file(single / "grads-rank0.safetensors")
     for rank in (0, 1):
         assert max_relative_difference(reference, load_file(double / f"grads-rank{rank}.safetensors")) <= 1e-5
@@ -169,6 +169,21 @@ def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_pat
     assert weights[0] == weights[1]
     single_weights = json.loads((single / "weights-rank0.json").read_text())
     assert torch.allclose(torch.tensor(weights[0]), torch.tensor(single_weights), atol=1e-6)
+    # logged task_loss/*: pooled over both processes before logging (each process alone saw 4 of the 8 examples)
+    names = [f"task_loss/{t}" for t in TASKS]
+
+    def logged(run: Path, rank: int) -> list[list[float]]:
+        history = json.loads((run / f"run-rank{rank}.json").read_text())["log_history"]
+        return [[entry[name] for name in names] for entry in history if "loss" in entry]
+
+    expected = logged(single, 0)
+    assert len(expected) == 3
+    means = task_means_by_hand(masked_examples(8))
+    assert expected[0] == pytest.approx(means.tolist(), abs=1e-6)
+    for rank in (0, 1):
+        assert torch.allclose(torch.tensor(logged(double, rank)), torch.tensor(expected), atol=2e-6), rank
+    first = json.loads((double / "run-rank0.json").read_text())["log_history"][0]
+    assert first["loss"] == pytest.approx(float(torch.tensor(weights[0][0]) @ means), abs=1e-4)
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
