@@ -30,22 +30,13 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard
 
+from robust_pretrain.reporting.aggregation import deltas, mean_std, relative_change, standard_errors, task_summary
 from robust_pretrain.reporting.cards import CARD_CONTENT_NAME, ModelCardContent, build_model_card
 
 
-def _mean_std(values: list[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "n": len(values),
-    }
-
-
-def _standard_errors(baseline: list[float], other: list[float]) -> float:
-    """Difference of means over its standard error (Welch); inf for a non-zero difference without spread."""
-    error = (statistics.variance(baseline) / len(baseline) + statistics.variance(other) / len(other)) ** 0.5
-    difference = statistics.fmean(other) - statistics.fmean(baseline)
-    return difference / error if error else (0.0 if difference == 0 else float("inf") * difference)
+def _counted(values: list[float]) -> dict[str, float]:
+    """:func:`mean_std` with the number of values."""
+    return {**mean_std(values), "n": len(values)}
 
 
 def comparison_runs(compare_dir: Path, comparison: dict) -> dict[str, tuple[str, str]]:
@@ -108,30 +99,25 @@ def downstream_tables(
     if baseline not in pooled:
         raise ValueError(f"--baseline {baseline!r} has no checkpoint in the suite; objectives: {sorted(pooled)}")
     for slot in pooled.values():
-        slot["tasks"] = {task: _mean_std(scores) for task, scores in slot["scores"].items()}
-        means = {task: stat["mean"] for task, stat in slot["tasks"].items()}
-        slot["average"] = statistics.fmean(means.values())
-        slot["worst_task"] = min(means, key=means.__getitem__)
-        slot["worst_score"] = means[slot["worst_task"]]
+        slot["tasks"] = {task: _counted(scores) for task, scores in slot["scores"].items()}
+        slot.update(task_summary({task: stat["mean"] for task, stat in slot["tasks"].items()}, higher_is_better=True))
         seeds = slot["per_pretraining_seed"].values()
-        slot["average_over_pretraining_seeds"] = _mean_std([s["average"] for s in seeds])
-        slot["worst_over_pretraining_seeds"] = _mean_std([s["worst_score"] for s in seeds])
+        slot["average_over_pretraining_seeds"] = _counted([s["average"] for s in seeds])
+        slot["worst_over_pretraining_seeds"] = _counted([s["worst_score"] for s in seeds])
     base = pooled[baseline]
-    deltas = {
+    changes = {
         strategy: {
-            "tasks": {t: other["tasks"][t]["mean"] - base["tasks"][t]["mean"] for t in tasks},
-            "average": other["average"] - base["average"],
-            "worst_score": other["worst_score"] - base["worst_score"],
+            **deltas(other, base, tasks),
             "same_worst_task": other["worst_task"] == base["worst_task"],
             "in_standard_errors": {
-                **{t: _standard_errors(base["scores"][t], other["scores"][t]) for t in tasks},
-                "average": _standard_errors(base["run_averages"], other["run_averages"]),
+                **{t: standard_errors(base["scores"][t], other["scores"][t]) for t in tasks},
+                "average": standard_errors(base["run_averages"], other["run_averages"]),
             },
         }
         for strategy, other in pooled.items()
         if strategy != baseline
     }
-    return {"tasks": tasks, "baseline": baseline, "strategies": pooled, "deltas": deltas, "references": references}
+    return {"tasks": tasks, "baseline": baseline, "strategies": pooled, "deltas": changes, "references": references}
 
 
 def _pm(stat: dict, digits: int) -> str:
@@ -162,7 +148,9 @@ def render_upstream(upstream: dict, baseline: str) -> list[str]:
         pairs += [(base[key], other[key]) for key in ("mean_task_loss", "worst_task_loss")]
         lines.append(
             f"| **Δ {run} − {baseline}** | "
-            + " | ".join(f"{o['mean'] - b['mean']:+.4f} ({o['mean'] / b['mean'] - 1:+.1%})" for b, o in pairs)
+            + " | ".join(
+                f"{o['mean'] - b['mean']:+.4f} ({relative_change(o['mean'], b['mean']):+.1%})" for b, o in pairs
+            )
             + " | |"
         )
     lines += [

@@ -26,6 +26,7 @@ from robust_pretrain.evaluation.tasks import (
     get_family,
     register_family,
 )
+from robust_pretrain.reporting.aggregation import summarize_suite
 
 CLASSES, CHANNELS, SIZE, FEATURES = 3, 3, 4, 8
 
@@ -242,7 +243,7 @@ def test_lower_is_better_tasks_and_bad_selections(
     tasks = [depth, dataclasses.replace(depth, name="depth2", display_name="Depth2")]
     cells = [{"checkpoint": "a", "task": task, "seed": 1, "score": rmse, "metrics": {"rmse": rmse}}
              for task, rmse in (("depth", 0.5), ("depth2", 0.7))]  # fmt: skip
-    lower = suite.summarize(cells, tasks, [1], None)["checkpoints"]["a"]
+    lower = summarize_suite(cells, tasks, [1], None)["checkpoints"]["a"]
     assert (lower["worst_task"], lower["worst_score"], lower["average"]) == ("depth2", 0.7, pytest.approx(0.6))
     with pytest.raises(ValueError, match="mix metrics where higher is better with metrics where lower is better"):
         suite.SuiteArguments(checkpoints=["a"], family="toy-dense", tasks=["depth", "semseg"])

@@ -26,6 +26,8 @@ from robust_pretrain.glue import (
     load_glue_metric,
     read_predictions,
 )
+from robust_pretrain.reporting.aggregation import summarize_suite
+from robust_pretrain.reporting.tables import suite_markdown
 
 # Primary scores (0-1) per (checkpoint, task, seed): base is worst on CoLA, robust on RTE.
 SCORES = {
@@ -400,6 +402,6 @@ def test_checkpoint_spellings_and_label_collisions(tmp_path: Path, monkeypatch: 
         {"checkpoint": name, "task": "rte", "seed": 1, "score": score, "metrics": {"accuracy": score}}
         for name, score in (("a/final", 50.0), ("b/final", 60.0))
     ]
-    summary = suite.summarize(cells, [glue_tasks.FAMILY.task("rte")], [1], "a/final")
+    summary = summarize_suite(cells, [glue_tasks.FAMILY.task("rte")], [1], "a/final")
     assert [entry["label"] for entry in summary["checkpoints"].values()] == ["a/final", "b/final"]
-    assert "| b/final | +10.0 | +10.0 | +10.0 |" in suite.render_markdown(summary)
+    assert "| b/final | +10.0 | +10.0 | +10.0 |" in suite_markdown(summary)

@@ -1,6 +1,6 @@
 """One task-agnostic evaluation suite (checkpoints x tasks x seeds, average and worst task) over a task table."""
 
-from robust_pretrain.evaluation.suite import SuiteArguments, main, render_markdown, run_suite, summarize
+from robust_pretrain.evaluation.suite import SuiteArguments, main, run_suite
 from robust_pretrain.evaluation.tasks import (
     ModelIndexTarget,
     RunSettings,
@@ -23,7 +23,5 @@ __all__ = [
     "get_family",
     "main",
     "register_family",
-    "render_markdown",
     "run_suite",
-    "summarize",
 ]

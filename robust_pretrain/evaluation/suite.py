@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import shutil
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,7 +35,9 @@ from robust_pretrain.evaluation.checkpoints import (
     checkpoint_state,
 )
 from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask, TaskFamily, family_names, get_family
+from robust_pretrain.reporting.aggregation import summarize_suite
 from robust_pretrain.reporting.suite_cards import check_card_updates, eval_results, write_card_outputs
+from robust_pretrain.reporting.tables import suite_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -189,107 +190,6 @@ def run_cell(
     return cell
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def summarize(
-    cells: list[dict[str, Any]],
-    tasks: Sequence[SuiteTask],
-    seeds: Sequence[int],
-    baseline: str | None,
-    description: str = "",
-    limits: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Aggregate cells into per-checkpoint task means/stds, average, worst task and deltas vs the baseline."""
-    names = [task.name for task in tasks]
-    higher_is_better = tasks[0].higher_is_better
-    checkpoints: dict[str, Any] = {}
-    for cell in cells:
-        entry = checkpoints.setdefault(cell["checkpoint"], {"label": checkpoint_label(cell["checkpoint"]), "tasks": {}})
-        task = entry["tasks"].setdefault(cell["task"], {"seeds": [], "scores": [], "metrics": {}})
-        task["seeds"].append(cell["seed"])
-        task["scores"].append(cell["score"])
-        for metric, value in cell["metrics"].items():
-            task["metrics"].setdefault(metric, []).append(value)
-    for entry in checkpoints.values():
-        for task in entry["tasks"].values():
-            task["mean"], task["std"] = _mean_std(task["scores"])
-            task["metrics"] = {metric: statistics.fmean(values) for metric, values in task["metrics"].items()}
-        means = {name: entry["tasks"][name]["mean"] for name in names}
-        entry["average"] = statistics.fmean(means.values())
-        entry["worst_task"] = (min if higher_is_better else max)(means, key=means.__getitem__)
-        entry["worst_score"] = means[entry["worst_task"]]
-    labels = [entry["label"] for entry in checkpoints.values()]
-    for checkpoint, entry in checkpoints.items():
-        if labels.count(entry["label"]) > 1:
-            entry["label"] = checkpoint
-    if baseline is not None:
-        base = checkpoints[baseline]
-        for entry in checkpoints.values():
-            entry["delta"] = {
-                "tasks": {name: entry["tasks"][name]["mean"] - base["tasks"][name]["mean"] for name in names},
-                "average": entry["average"] - base["average"],
-                "worst_score": entry["worst_score"] - base["worst_score"],
-            }
-    return {
-        "family": tasks[0].family,
-        "description": description,
-        "tasks": names,
-        "columns": {task.name: {"header": task.header, "display_name": task.display_name} for task in tasks},
-        "higher_is_better": higher_is_better,
-        "seeds": list(seeds),
-        "baseline": baseline,
-        "limits": dict(limits or {}),
-        "checkpoints": checkpoints,
-    }
-
-
-def _signed(value: float) -> str:
-    return f"{value:+.1f}"
-
-
-def render_markdown(summary: dict[str, Any]) -> str:
-    """Markdown tables: scores (mean ± std over seeds) with average and worst task, then deltas vs the baseline."""
-    tasks, columns = summary["tasks"], summary["columns"]
-    worst = "lowest" if summary["higher_is_better"] else "highest"
-    lines = [f"{summary['description']}, mean ± std over seeds {summary['seeds']}; worst task = {worst} mean score."]
-    if summary["limits"]:
-        limits = ", ".join(f"{name}={value}" for name, value in summary["limits"].items())
-        lines.append(f"**Limited protocol** (not comparable with full runs): {limits}.")
-    lines += [
-        "",
-        "| checkpoint | " + " | ".join(columns[task]["header"] for task in tasks) + " | average | worst task |",
-        "|---" * (len(tasks) + 3) + "|",
-    ]
-    for entry in summary["checkpoints"].values():
-        scores = [f"{entry['tasks'][t]['mean']:.1f} ± {entry['tasks'][t]['std']:.1f}" for t in tasks]
-        worst_task = f"{entry['worst_score']:.1f} ({columns[entry['worst_task']]['display_name']})"
-        lines.append(f"| {entry['label']} | " + " | ".join(scores) + f" | {entry['average']:.1f} | {worst_task} |")
-    if summary["baseline"] is not None:
-        base_label = summary["checkpoints"][summary["baseline"]]["label"]
-        lines += [
-            "",
-            f"Deltas against the baseline {base_label} (worst-case delta = own worst score - baseline's worst score):",
-            "",
-            "| checkpoint | "
-            + " | ".join(f"Δ {columns[t]['display_name']}" for t in tasks)
-            + " | Δ average | Δ worst |",
-            "|---" * (len(tasks) + 3) + "|",
-        ]
-        for checkpoint, entry in summary["checkpoints"].items():
-            if checkpoint == summary["baseline"]:
-                continue
-            delta = entry["delta"]
-            cells = [_signed(delta["tasks"][t]) for t in tasks]
-            lines.append(
-                f"| {entry['label']} | "
-                + " | ".join(cells)
-                + f" | {_signed(delta['average'])} | {_signed(delta['worst_score'])} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
 def run_suite(suite_args: SuiteArguments, options: Sequence[Any]) -> dict[str, Any]:
     """Validate every input, run (or reuse) all cells, then write ``<family>_suite.json``/``.md`` and card outputs.
 
@@ -316,11 +216,13 @@ def run_suite(suite_args: SuiteArguments, options: Sequence[Any]) -> dict[str, A
         for task in tasks
         for seed in suite_args.seeds
     ]
-    summary = summarize(cells, tasks, suite_args.seeds, suite_args.baseline, family.description, run_settings.limits)
+    summary = summarize_suite(
+        cells, tasks, suite_args.seeds, suite_args.baseline, family.description, run_settings.limits
+    )
     if not PartialState().is_main_process:
         return summary
     _write_json(output_dir / f"{family.name}_suite.json", summary)
-    (output_dir / f"{family.name}_suite.md").write_text(render_markdown(summary), encoding="utf-8")
+    (output_dir / f"{family.name}_suite.md").write_text(suite_markdown(summary), encoding="utf-8")
     for checkpoint, entry in summary["checkpoints"].items():
         results = eval_results(entry, tasks, suite_args.seeds, family.name, run_settings)
         for path in write_card_outputs(checkpoint, results, output_dir, suite_args.update_model_cards):
@@ -356,7 +258,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     suite_args, options = parse_suite_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     summary = run_suite(suite_args, options)
-    print(render_markdown(summary))
+    print(suite_markdown(summary))
     return summary
 
 

@@ -19,7 +19,6 @@ import argparse
 import importlib
 import json
 import shlex
-import statistics
 import subprocess
 import sys
 from dataclasses import fields
@@ -28,7 +27,10 @@ from pathlib import Path
 from robust_pretrain.cli import UsageError, run_console
 from robust_pretrain.config import load_config_file
 from robust_pretrain.pretraining.common import file_fingerprint
-from robust_pretrain.reporting import TASK_REPORT_NAME
+from robust_pretrain.reporting.aggregation import aggregate_runs
+from robust_pretrain.reporting.plots import plot_comparison
+from robust_pretrain.reporting.tables import comparison_markdown
+from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
 
@@ -127,92 +129,6 @@ def run_one(run_dir: Path, strategy: str, seed: int, options: dict[str, str], cl
     return json.loads(report.read_text())
 
 
-def summarise(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-
-
-def aggregate(reports: dict[str, list[dict]]) -> dict:
-    """Per run: per-task loss, mean task loss and worst task loss, each as mean and std over seeds."""
-    table = {}
-    for run, seeds in reports.items():
-        tasks = seeds[0]["tasks"]
-        table[run] = {
-            "seeds": len(seeds),
-            "task_loss": {t: summarise([r["eval_task_loss"][t] for r in seeds]) for t in tasks},
-            "mean_task_loss": summarise([r["eval_mean_task_loss"] for r in seeds]),
-            "worst_task_loss": summarise([r["eval_worst_task_loss"] for r in seeds]),
-            "worst_tasks": sorted({r["worst_task"] for r in seeds}),
-        }
-    return table
-
-
-def markdown(table: dict, baseline: str | None) -> str:
-    runs = list(table)
-    tasks = list(next(iter(table.values()))["task_loss"])
-
-    def cell(stat: dict) -> str:
-        return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] else f"{stat['mean']:.4f}"
-
-    lines = ["| task | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
-    lines += [f"| {t} | " + " | ".join(cell(table[r]["task_loss"][t]) for r in runs) + " |" for t in tasks]
-    lines.append("| **mean** | " + " | ".join(cell(table[r]["mean_task_loss"]) for r in runs) + " |")
-    lines.append("| **worst** | " + " | ".join(cell(table[r]["worst_task_loss"]) for r in runs) + " |")
-    lines.append("| worst task | " + " | ".join(", ".join(table[r]["worst_tasks"]) for r in runs) + " |")
-    if baseline in table:
-        base = table[baseline]
-        lines += [
-            "",
-            f"Relative change against `{baseline}` (negative is better):",
-            "",
-            "| run | mean task loss | worst task loss |",
-            "|---|---|---|",
-        ]
-        for run in runs:
-            if run != baseline:
-                mean = table[run]["mean_task_loss"]["mean"] / base["mean_task_loss"]["mean"] - 1
-                worst = table[run]["worst_task_loss"]["mean"] / base["worst_task_loss"]["mean"] - 1
-                lines.append(f"| {run} | {mean:+.1%} | {worst:+.1%} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(table: dict, reports: dict[str, list[dict]], output_dir: Path, frontier: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = list(table)
-    tasks = list(next(iter(table.values()))["task_loss"])
-    columns = [*tasks, "mean", "worst"]
-    width = 0.8 / len(runs)
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(columns)), 4.5), constrained_layout=True)
-    for i, run in enumerate(runs):
-        stats = [table[run]["task_loss"][t] for t in tasks] + [
-            table[run]["mean_task_loss"],
-            table[run]["worst_task_loss"],
-        ]
-        positions = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(columns))]
-        ax.bar(positions, [s["mean"] for s in stats], width, yerr=[s["std"] for s in stats], label=run, capsize=2)
-    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
-    ax.set_ylabel("held-out task loss")
-    lows = [table[r]["task_loss"][t]["mean"] for r in runs for t in tasks]
-    ax.set_ylim(min(lows) * 0.95, None)
-    ax.legend(fontsize=8)
-    ax.set_title("per-task held-out loss (error bars: std over seeds)")
-    fig.savefig(output_dir / "comparison_tasks.png", dpi=110)
-    plt.close(fig)
-    if frontier:
-        fig, ax = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
-        for run, seeds in reports.items():
-            means = [r["eval_mean_task_loss"] for r in seeds]
-            worsts = [r["eval_worst_task_loss"] for r in seeds]
-            ax.scatter(means, worsts, label=run)
-        ax.set(xlabel="mean task loss", ylabel="worst task loss", title="trade-off frontier (one point per run)")
-        ax.legend(fontsize=8)
-        fig.savefig(output_dir / "frontier.png", dpi=110)
-        plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``robust-pretrain-compare``): exit status 2 and one paragraph for a bad option or run."""
     return run_console(run, argv, prog="robust-pretrain-compare")
@@ -258,7 +174,7 @@ def run(argv: list[str]) -> dict:
     reports: dict[str, list[dict]] = {}
     for run, strategy, options in runs:
         reports[run] = [run_one(output_dir / run / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds]
-    table = aggregate(reports)
+    table = aggregate_runs(reports)
     result = {
         "strategies": cli.strategies,
         "seeds": cli.seeds,
@@ -268,9 +184,9 @@ def run(argv: list[str]) -> dict:
     }
     (output_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
     baseline = cli.baseline or ("proportional" if "proportional" in cli.strategies else cli.strategies[0])
-    (output_dir / "comparison.md").write_text(markdown(table, baseline))
-    plot(table, reports, output_dir, frontier=bool(cli.sweep))
-    print(markdown(table, baseline))
+    (output_dir / "comparison.md").write_text(comparison_markdown(table, baseline))
+    plot_comparison(table, reports, output_dir, frontier=bool(cli.sweep))
+    print(comparison_markdown(table, baseline))
     return result
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from robust_pretrain.reporting.aggregation import worst_task
 from robust_pretrain.reporting.plots import plot_task_trajectories
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def task_report(
     eval_losses = {
         name: eval_metrics[f"eval_task_loss/{name}"] for name in task_names if f"eval_task_loss/{name}" in eval_metrics
     }
-    worst = max(eval_losses, key=eval_losses.get) if eval_losses else None
+    worst = worst_task(eval_losses, higher_is_better=False) if eval_losses else None
     return {
         "tasks": task_names,
         **settings,
