@@ -33,6 +33,7 @@ complete the last batch are left out of the per-task eval losses, which therefor
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import math
 import os
@@ -119,8 +120,7 @@ class MinimaxTrainer(Trainer):
         if epoch_callback is not None:
             self.add_callback(epoch_callback)
         self._warn_about_silent_fallbacks()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            register_process_group_teardown()
+        register_process_group_teardown()
 
     def _warn_about_silent_fallbacks(self) -> None:
         """Say so when Accelerate quietly runs something other than what was asked: on CPU, an FSDP config runs DDP and
@@ -470,24 +470,20 @@ class MinimaxTrainer(Trainer):
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
 
 
+@functools.cache  # registered once per process
 def register_process_group_teardown() -> None:
-    """Destroy the default process group at interpreter exit (once, whoever created it).
+    """Destroy the default process group, if one is alive, at interpreter exit (whoever created it, e.g. Accelerate
+    for the Trainer's arguments). ``MinimaxTrainer`` registers it; scripts training with the plain ``Trainer`` call it.
 
     Left alive, gloo's worker threads can still hold work with Python tensors while the interpreter finalises, and the
     finished process aborts (``terminate called without an active exception``, exit -6): torchrun reports a failure.
     """
-    global _teardown_registered
-    if not _teardown_registered:
-        atexit.register(_destroy_process_group)
-        _teardown_registered = True
+    atexit.register(_destroy_process_group)
 
 
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-_teardown_registered = False
 
 
 class _LogLastStepCallback(TrainerCallback):

@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--fsdp2", action="store_true")
     parser.add_argument("--untie_mlm_bias", action="store_true")
     parser.add_argument("--logging_steps", type=int, default=1)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--gpu", action="store_true", help="train on CUDA devices (default: CPU)")
     parser.add_argument("--compile_backend", help="train with torch_compile=True and this torch_compile_backend")
     cli = parser.parse_args()
@@ -178,7 +179,7 @@ def main() -> None:
         per_device_eval_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,
         max_steps=cli.max_steps,
-        learning_rate=1e-3,
+        learning_rate=cli.learning_rate,
         max_grad_norm=0.0,
         logging_steps=cli.logging_steps,
         save_strategy="steps" if cli.save_steps else "no",

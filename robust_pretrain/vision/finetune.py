@@ -61,6 +61,7 @@ from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.plots import plot_predictions
 from robust_pretrain.reporting.recipe_cards import dense_card_content
 from robust_pretrain.seeding import SetEpochCallback
+from robust_pretrain.trainer import register_process_group_teardown
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
@@ -759,6 +760,7 @@ def run_finetune(
 
     metric_kwargs = _metric_kwargs(task, num_labels, data_args)
     num_layers = int(config.get("num_hidden_layers", 0))
+    register_process_group_teardown()  # a finished torchrun process must not abort at exit
     trainer = Trainer(
         model=model,
         args=training_args,
