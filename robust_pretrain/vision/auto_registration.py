@@ -17,11 +17,9 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, ItemsView, Iterator, KeysView, Sequence, ValuesView
-from dataclasses import dataclass
-from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 MODEL_TYPE = "multimae"
 """``MultiMAEConfig.model_type``: the key of the MM-MAE config in ``CONFIG_MAPPING``."""
@@ -42,8 +40,7 @@ def _model_mappings(module: ModuleType) -> list[Any]:
     return [value for value in vars(module).values() if isinstance(value, lazy_mapping)]
 
 
-@dataclass(frozen=True)
-class Registrant:
+class Registrant(NamedTuple):
     """An MM-MAE module that registers its classes with the mappings of one transformers Auto module when imported."""
 
     module: str
@@ -147,7 +144,7 @@ def _install(module: ModuleType, registrant: Registrant) -> None:
             mapping._extra_content = _LoadOnLookup(mapping._extra_content, registrant)
 
 
-class _InstallAfterExec(MetaPathFinder):
+class _InstallAfterExec:
     """Finds transformers' Auto modules with the other finders and installs the registries right after their body."""
 
     def find_spec(
@@ -168,7 +165,7 @@ class _InstallAfterExec(MetaPathFinder):
         spec.loader.exec_module = exec_module  # this loader instance serves this one module
         return spec
 
-    def _other_finders(self) -> Iterator[MetaPathFinder]:
+    def _other_finders(self) -> Iterator[Any]:
         return (finder for finder in list(sys.meta_path) if finder is not self and hasattr(finder, "find_spec"))
 
 
