@@ -27,11 +27,13 @@ from transformers.trainer_utils import SaveStrategy
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.finetuning import log_train_results
-from robust_pretrain.glue.data import load_glue
+from robust_pretrain.glue.data import HUB_DATASET, load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
 from robust_pretrain.options import LoraArguments
 from robust_pretrain.output_dir import claim_for_new_run
+from robust_pretrain.reporting.cards import render_finetuning_card
+from robust_pretrain.reporting.recipe_cards import glue_card_content
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 
 logger = logging.getLogger(__name__)
@@ -225,9 +227,10 @@ def run_finetune(
     """Fine-tune and/or evaluate; returns the eval metrics (MNLI mismatched keys end in ``_mm``).
 
     Writes ``train_results.json``, ``eval_results.json``, ``all_results.json``, the per-example predictions of each
-    eval split (:func:`predictions_file_name`) and (if ``save_model``) the final model (full weights, or the peft
-    adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``, which must be empty or new
-    unless ``run_args.overwrite_output_dir``.
+    eval split (:func:`predictions_file_name`), a model card ``README.md`` (task, metrics with the split they were
+    measured on, base checkpoint, settings; also as ``model-index`` metadata) and (if ``save_model``) the final model
+    (full weights, or the peft adapter + head with ``use_lora``) plus tokenizer to ``training_args.output_dir``, which
+    must be empty or new unless ``run_args.overwrite_output_dir``.
     """
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
@@ -276,6 +279,13 @@ def run_finetune(
                 write_predictions(path, spec, indices, _predicted_labels(spec, output.predictions), output.label_ids)
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
+    if trainer.is_world_process_zero():
+        steps = trainer.state.global_step
+        files = [predictions_file_name(spec.name, split) for split in spec.eval_splits] if training_args.do_eval else []
+        content = glue_card_content(
+            spec, run_args, data_args, lora_args, training_args, eval_metrics, steps, HUB_DATASET, files
+        )
+        render_finetuning_card(training_args.output_dir, content)
     return eval_metrics
 
 

@@ -439,6 +439,7 @@ def render_finetuning_card(output_dir: str | Path, content: FineTuningCardConten
         metrics=[(metric.name, metric.split, _fmt(metric.value)) for metric in content.metrics],
     )
     path = Path(output_dir) / "README.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
     card.save(path)
     return path
 

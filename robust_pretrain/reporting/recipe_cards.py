@@ -8,6 +8,7 @@ here. The argument objects are the recipes' own dataclasses (duck-typed: this mo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,7 @@ def glue_card_content(
     metrics: dict[str, float],
     steps: int,
     hub_dataset_id: str,
+    prediction_files: Sequence[str],
 ) -> FineTuningCardContent:
     """The card of a GLUE fine-tuning run: the task, every metric of each dev split it was scored on (the first
     ``max_eval_samples`` rows, when limited, as ``split[:N]``), base checkpoint and settings."""
@@ -221,6 +223,7 @@ def glue_card_content(
         else f"the Hub dataset `{hub_dataset_id}` (configuration `{spec.name}`)"
     )
     limited = data_args.max_train_samples is not None
+    listed = ", ".join(f"`{name}`" for name in prediction_files)
     trained = "training split" + (f" (first {data_args.max_train_samples} rows)" if limited else "")
     return FineTuningCardContent(
         recipe="finetune_glue",
@@ -238,7 +241,7 @@ def glue_card_content(
         dataset_name=f"GLUE {spec.glue_dir_name}",
         dataset_config=spec.name,
         metrics=tuple(results),
-        notes=("Per-example predictions: `predict_results_*.txt` (index, prediction, label).",),
+        notes=(f"Per-example predictions (index, prediction, label): {listed}.",) if prediction_files else (),
     )
 
 
