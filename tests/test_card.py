@@ -10,20 +10,24 @@ import pytest
 import tomllib
 import torch
 from huggingface_hub import ModelCard
+from test_recipe_multimae import pushed_run  # noqa: F401  (fixture: the shared vision recipe run)
 from test_recipe_pretrain import _one_thread, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
 
 import robust_pretrain
+from robust_pretrain.data import DEFAULT_POS_TASKS, UPOS_TAGS
 from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
     TEMPLATE,
     ModelCardContent,
     card_text_for_repo,
+    checkpoint_tokenizer,
     local_files,
     modality_tasks,
+    model_size,
     pos_tasks,
     render_model_card,
+    trained_tokenizer,
 )
-from robust_pretrain.data import DEFAULT_POS_TASKS, UPOS_TAGS
 
 AUTHORS = "Wang, Jianghui and Chen, Yang and Xie, Xingyu and Fang, Cong and Lin, Zhouchen"
 MODALITIES = {
@@ -189,3 +193,68 @@ def test_recipe_card_states_the_runs_settings(pretrained_run) -> None:  # noqa: 
     assert (settings["max_steps"], settings["per_device_train_batch_size"], settings["processes"]) == ("3", "8", "1")
     assert EWT_TRAINING_DATA.description in card.text  # the embedded corpus the run used
     assert f'from_pretrained("path/to/{output_dir.name}"' in card.text and str(output_dir) not in card.text
+
+
+def test_model_size_of_a_tiny_bert_counted_by_hand() -> None:
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=32,
+    )
+    # embeddings: words 100*8 + positions 32*8 + token types 2*8 + LayerNorm 2*8 = 1088
+    # per layer: q, k, v 3*(8*8+8) + attention output 8*8+8 + LayerNorm 16 + 8*16+16 + 16*8+8 + LayerNorm 16 = 600
+    # MLM head: transform 8*8+8 + LayerNorm 16 + decoder bias 100 (decoder weight tied to the word embeddings) = 188
+    assert model_size(BertForMaskedLM(config)) == {
+        "layers": 2,
+        "hidden size": 8,
+        "attention heads": 2,
+        "parameters": 1088 + 2 * 600 + 188,
+    }
+
+
+def test_card_states_model_size_and_tokenizer_origin(tmp_path: Path) -> None:
+    size = {"layers": 4, "hidden size": 256, "attention heads": 4, "parameters": 11_170_560}
+    body = render_model_card(tmp_path / "a", pos_content(model_size=size, tokenizer=trained_tokenizer(8000))).text
+    assert table(body, "architecture") == {"BertForMaskedLM": ["4", "256", "4", "11,170,560 (11.2M)"]}
+    assert "Tokenizer: a WordPiece tokenizer trained on this run's training text (vocabulary of 8000 tokens)." in body
+
+    local = checkpoint_tokenizer(str(tmp_path / "checkpoints" / "bert-small"), 30522)
+    assert local == "the tokenizer of `bert-small` (vocabulary of 30522 tokens)"  # a local folder: its name only
+    assert checkpoint_tokenizer("google-bert/bert-base-uncased", 30522).startswith("the tokenizer of `google-bert/")
+    assert "## Model" not in render_model_card(tmp_path / "b", pos_content()).text  # a card without the facts
+
+
+@pytest.mark.slow
+def test_recipe_card_states_the_models_size_and_tokenizer(pretrained_run) -> None:  # noqa: F811
+    """The from-scratch run's card: the saved model's layers, hidden size, heads and parameter count, and the
+    WordPiece tokenizer trained on its text with the saved tokenizer's vocabulary size."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    output_dir, _ = pretrained_run
+    model = AutoModelForMaskedLM.from_pretrained(output_dir)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    text = ModelCard.load(output_dir / "README.md").text
+    row = table(text, "architecture")["BertForMaskedLM"]
+    assert row[:3] == [str(model.config.num_hidden_layers), str(model.config.hidden_size), "2"]  # the tiny preset
+    assert row[3].startswith(f"{parameters:,} (")
+    vocabulary = len(AutoTokenizer.from_pretrained(output_dir))
+    assert f"trained on this run's training text (vocabulary of {vocabulary} tokens)" in text and vocabulary == 1000
+
+
+@pytest.mark.slow
+def test_vision_recipe_card_states_the_models_size(pushed_run) -> None:  # noqa: F811
+    from transformers import AutoModelForPreTraining
+
+    output_dir = pushed_run[0]
+    model = AutoModelForPreTraining.from_pretrained(output_dir)
+    text = ModelCard.load(output_dir / "README.md").text
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    config = model.config
+    row = table(text, "architecture")[type(model).__name__]
+    assert row[:3] == [str(config.num_hidden_layers), str(config.hidden_size), str(config.num_attention_heads)]
+    assert row[3].startswith(f"{parameters:,} (") and "Tokenizer:" not in text  # images: no tokenizer

@@ -24,8 +24,6 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, Repositor
 from processes import checkout_env
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
-from robust_pretrain.reporting.cards import ModelCardContent, local_files, pos_tasks, render_model_card
-from robust_pretrain.reporting.suite_cards import merge_into_card
 from robust_pretrain.hub import (
     HubPublishError,
     InvalidOutputDirError,
@@ -35,6 +33,8 @@ from robust_pretrain.hub import (
     push_or_explain,
     validate_output_dir,
 )
+from robust_pretrain.reporting.cards import ModelCardContent, local_files, pos_tasks, render_model_card
+from robust_pretrain.reporting.suite_cards import merge_into_card
 from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 
 REPO_ID = f"{DEFAULT_USER}/tiny-robust-bert"

@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.reporting.cards import ModelCardContent, card_renderer, local_files, pos_tasks
 from robust_pretrain.reporting import task_report
+from robust_pretrain.reporting.cards import ModelCardContent, card_renderer, local_files, pos_tasks
 from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer
 
 REPO_ID = f"{DEFAULT_USER}/tiny-trainer-push"

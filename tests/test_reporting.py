@@ -8,8 +8,8 @@ import pytest
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.reporting.cards import ModelCardContent, pos_tasks, render_model_card
 from robust_pretrain.reporting import plot_task_trajectories, task_report, trajectory_figure
+from robust_pretrain.reporting.cards import ModelCardContent, pos_tasks, render_model_card
 
 
 def train(tmp_path: Path, max_steps: int, logging_steps: int, logging_strategy: str = "steps") -> MinimaxTrainer:
