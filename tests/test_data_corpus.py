@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
@@ -90,3 +92,34 @@ def test_recipe_names_a_missing_ud_dir(tmp_path):
     with pytest.raises(UsageError, match=f"--ud_dir: UD English-EWT folder not found: {tmp_path / 'nope'}"):
         pos_mlm.run(["--ud_dir", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "out"), "--max_steps", "1"])
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_ud_dir_defaults_to_the_environment_variable_then_to_the_current_directory(shared_data, tmp_path, monkeypatch):
+    from robust_pretrain.data.corpus import UD_DIR_ENV, resolve_ud_dir
+
+    run_dir = tmp_path / "project"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    monkeypatch.setenv(UD_DIR_ENV, str(shared_data / "ud_ewt"))
+    assert resolve_ud_dir() == shared_data / "ud_ewt"
+    assert resolve_ud_dir(tmp_path) == tmp_path  # an explicit folder wins
+    monkeypatch.delenv(UD_DIR_ENV)
+    (tmp_path / "shared" / "data" / "ud_ewt").mkdir(parents=True)
+    assert resolve_ud_dir().resolve() == tmp_path / "shared" / "data" / "ud_ewt"  # ../shared/data/ud_ewt from the cwd
+
+
+def test_a_missing_default_ud_dir_is_named_from_the_current_directory_with_how_to_point_at_it(tmp_path, monkeypatch):
+    import robust_pretrain
+    from robust_pretrain.data.corpus import UD_DIR_ENV, resolve_ud_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(UD_DIR_ENV, raising=False)
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_ud_dir()
+    message = str(error.value)
+    expected = f"UD English-EWT folder not found: {tmp_path.parent / 'shared' / 'data' / 'ud_ewt'} (the default, "
+    assert message.startswith(expected) and "--ud_dir" in message and f"${UD_DIR_ENV}" in message
+    assert str(Path(robust_pretrain.__file__).parents[1]) not in message  # nothing relative to the package
+    monkeypatch.setenv(UD_DIR_ENV, str(tmp_path / "elsewhere"))
+    with pytest.raises(FileNotFoundError, match=re.escape(f"not found: {tmp_path / 'elsewhere'} (from ${UD_DIR_ENV})")):
+        resolve_ud_dir()
