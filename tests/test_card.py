@@ -222,6 +222,9 @@ def test_card_states_model_size_and_tokenizer_origin(tmp_path: Path) -> None:
     body = render_model_card(tmp_path / "a", pos_content(model_size=size, tokenizer=trained_tokenizer(8000))).text
     assert table(body, "architecture") == {"BertForMaskedLM": ["4", "256", "4", "11,170,560 (11.2M)"]}
     assert "Tokenizer: a WordPiece tokenizer trained on this run's training text (vocabulary of 8000 tokens)." in body
+    saved = json.loads((tmp_path / "a" / "model_card.json").read_text())["content"]
+    assert ModelCardContent.from_dict(saved).model_size == size  # publishing re-renders the same facts
+    assert "| BertForMaskedLM | 4 | 256 | 4 | 11,170,560 (11.2M) |" in card_text_for_repo(tmp_path / "a", "me/a")
 
     local = checkpoint_tokenizer(str(tmp_path / "checkpoints" / "bert-small"), 30522)
     assert local == "the tokenizer of `bert-small` (vocabulary of 30522 tokens)"  # a local folder: its name only
