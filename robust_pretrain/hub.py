@@ -20,9 +20,10 @@ from typing import Any, Literal, TypeVar
 
 import httpx2
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, constants
-from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects, validate_repo_id
 
+from robust_pretrain.cli import ConsoleArgumentParser, UsageError, run_console
 from robust_pretrain.reporting.cards import card_text_for_repo
 
 T = TypeVar("T")
@@ -204,7 +205,7 @@ def publish_output_dir(
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ConsoleArgumentParser(
         prog="robust-pretrain-publish",
         description=(
             "Publish a robust-pretrain training output directory (model or PEFT adapter, tokenizer, model card, "
@@ -228,23 +229,32 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``robust-pretrain-publish``; returns the process exit code (0 on success, 1 on failure)."""
-    args = _build_parser().parse_args(argv)
+    """Entry point of ``robust-pretrain-publish``; returns the process exit code: 0 on success, 2 for a bad option or
+    folder (one line, before any network access), 1 when the Hub cannot be reached or refuses the token."""
     try:
-        commit = publish_output_dir(
-            args.output_dir,
-            args.repo_id,
-            token=args.token,
-            private=args.private,
-            commit_message=args.commit_message,
-            revision=args.revision,
-            include_checkpoints=args.include_checkpoints,
-        )
-    except (InvalidOutputDirError, HubPublishError) as err:
+        return run_console(_publish, argv, prog="robust-pretrain-publish")
+    except HubPublishError as err:
         print(f"robust-pretrain-publish: error: {err}", file=sys.stderr)
         return 1
+
+
+def _publish(argv: list[str]) -> None:
+    args = _build_parser().parse_args(argv)
+    try:
+        validate_repo_id(args.repo_id)
+        validate_output_dir(args.output_dir)
+    except (HFValidationError, InvalidOutputDirError) as err:
+        raise UsageError(f"{'--repo-id' if isinstance(err, HFValidationError) else 'output_dir'}: {err}") from err
+    commit = publish_output_dir(
+        args.output_dir,
+        args.repo_id,
+        token=args.token,
+        private=args.private,
+        commit_message=args.commit_message,
+        revision=args.revision,
+        include_checkpoints=args.include_checkpoints,
+    )
     print(f"Published {args.output_dir} to {commit.repo_url} ({commit.commit_url})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -404,7 +404,7 @@ def test_cli_publishes(local_hub: LocalHubServer, output_dir: Path) -> None:
 
 
 def test_cli_errors(closed_endpoint: str, output_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(tmp_path / "missing"), "--repo-id", REPO_ID]) == 1
+    assert main([str(tmp_path / "missing"), "--repo-id", REPO_ID]) == 2
     assert "does not exist" in capsys.readouterr().err
 
     assert main([str(output_dir), "--repo-id", REPO_ID, "--token", DEFAULT_TOKEN]) == 1

@@ -258,7 +258,7 @@ def test_unknown_config_key_fails_before_training(tmp_path: Path) -> None:
 
 
 def test_unknown_weighting_fails_before_training(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit):  # argparse choices
+    with pytest.raises(UsageError, match="--weighting: invalid choice: 'worstest'"):  # argparse choices
         recipe.run(argv(tmp_path / "out", "--weighting", "worstest"))
     assert not (tmp_path / "out").exists()
 

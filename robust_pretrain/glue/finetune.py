@@ -16,12 +16,14 @@ from transformers import (
     AutoTokenizer,
     DataCollatorWithPadding,
     EvalPrediction,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
     TrainingArguments,
     set_seed,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
@@ -30,7 +32,7 @@ from robust_pretrain.finetuning import log_train_results
 from robust_pretrain.glue.data import HUB_DATASET, load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
-from robust_pretrain.options import LoraArguments
+from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import claim_for_new_run
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.recipe_cards import glue_card_content
@@ -61,22 +63,16 @@ class GlueRunArguments:
 class GlueDataArguments:
     """Where the GLUE data comes from and how much of it is used."""
 
-    glue_dir: str | None = field(
-        default=None,
-        metadata={"help": "Directory in the original GLUE TSV layout (<dir>/<TASK>/train.tsv, dev.tsv); default: Hub."},
-    )
-    max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training examples."})
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Use only the first N examples per eval split."}
+    glue_dir: str | None = option(
+        None, "Directory in the original GLUE TSV layout (<dir>/<TASK>/train.tsv, dev.tsv); default: Hub.", path="dir"
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for Hub downloads."})
+    max_seq_length: int = option(128, "Truncate inputs to this many tokens.", minimum=1)
+    max_train_samples: int | None = option(None, "Use only the first N training examples.", minimum=1)
+    max_eval_samples: int | None = option(None, "Use only the first N examples per eval split.", minimum=1)
 
     def __post_init__(self) -> None:
-        for name in ("max_seq_length", "max_train_samples", "max_eval_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be a positive integer, got {value}")
+        check_options(self)
 
 
 @dataclass
@@ -97,6 +93,7 @@ class GlueTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         use_cpu_when_launched_without_accelerator(self)
+        check_options(self)
         super().__post_init__()
 
 
@@ -181,6 +178,20 @@ def build_compute_metrics(spec: TaskSpec) -> Callable[[EvalPrediction], dict[str
 
 
 def _load_model(
+def check_text_model(checkpoint: str, cache_dir: str | None) -> None:
+    """Refuse, naming it, a checkpoint whose model type has no sequence-classification model (an image model)."""
+    try:
+        config, _ = PretrainedConfig.get_config_dict(checkpoint, cache_dir=cache_dir)
+    except OSError:  # a PEFT adapter folder, or a Hub id resolved later
+        return
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        raise UsageError(
+            f"--model_name_or_path {checkpoint} ({model_type}) is not a text model: AutoModelForSequenceClassification "
+            "cannot load it (fine-tune image checkpoints with robust-pretrain-finetune-dense)"
+        )
+
+
     run_args: GlueRunArguments, lora_args: LoraArguments, spec: TaskSpec, cache_dir: str | None
 ) -> PreTrainedModel | PeftModel:
     labels = (
@@ -235,6 +246,7 @@ def run_finetune(
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
     check_checkpoint(run_args.tokenizer_name, "--tokenizer_name", model=False)
+    check_text_model(run_args.model_name_or_path, data_args.cache_dir)
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
     claim_for_new_run(
         training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_PREDICTIONS

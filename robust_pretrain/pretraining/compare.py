@@ -23,16 +23,18 @@ import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import get_type_hints
 
-from robust_pretrain.cli import UsageError, run_console
+from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse, run_console
 from robust_pretrain.config import load_config_file
+from robust_pretrain.options import declared, path_problem, value_problems
 from robust_pretrain.pretraining.common import file_fingerprint
 from robust_pretrain.reporting.aggregation import aggregate_runs
 from robust_pretrain.reporting.plots import plot_comparison
 from robust_pretrain.reporting.tables import comparison_markdown
 from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 from robust_pretrain.training_args import MinimaxTrainingArguments
-from robust_pretrain.weighting import WEIGHTINGS, accepted_options
+from robust_pretrain.weighting import WEIGHTINGS, WeightingArguments, accepted_options
 
 RECIPES = {"pos_mlm": "robust_pretrain.pretraining.pos_mlm", "multimae": "robust_pretrain.pretraining.multimae"}
 RUN_SETTINGS_NAME = "compare_settings.json"  # beside each run's task_report.json: the settings it was made with
@@ -46,6 +48,18 @@ def parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
     if not name or not swept:
         raise ValueError(f"--sweep must look like setting=v1,v2,..., got {text!r}")
     return name, swept
+
+
+def sweep_value_problems(name: str, value: str) -> list[str]:
+    """Why a swept value of the weighting option ``name`` is not accepted (its type and its declared range)."""
+    kind = get_type_hints(WeightingArguments).get(name)
+    if kind not in (int, float):
+        return value_problems(value, declared(WeightingArguments).get(name))
+    try:
+        number = kind(value)
+    except ValueError:
+        return [f"not {'an integer' if kind is int else 'a number'}"]
+    return value_problems(number, declared(WeightingArguments).get(name))
 
 
 def plan_runs(strategies: list[str], sweeps: list[str] | None) -> list[tuple[str, str, dict[str, str]]]:
@@ -138,7 +152,9 @@ def run(argv: list[str]) -> dict:
     """Train (or reuse) every run, then write and return the comparison."""
     overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ConsoleArgumentParser(
+        prog="robust-pretrain-compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", help="config file of the pre-training recipe shared by every run")
     parser.add_argument(
         "--strategies",
@@ -146,7 +162,7 @@ def run(argv: list[str]) -> dict:
         default=["proportional", "average", "minimax"],
         help="weighting strategies (default: the standard MLM objective, the eq. 4 average and minimax)",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="seeds; each strategy runs with each")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="seeds (>= 0); each strategy runs with each")
     parser.add_argument(
         "--sweep",
         action="append",
@@ -169,6 +185,17 @@ def run(argv: list[str]) -> dict:
         runs = plan_runs(cli.strategies, cli.sweep)
     except ValueError as err:
         parser.error(str(err))
+    problems = [f"--seeds must be >= 0, got {seed}" for seed in cli.seeds if seed < 0]
+    problems += [f"--output_dir {cli.output_dir}: {why}" for why in [path_problem(cli.output_dir, "output_dir")] if why]
+    for name, values in (parse_sweep(sweep) for sweep in cli.sweep or []):
+        problems += [f"--sweep {name}={value}: {why}" for value in values for why in sweep_value_problems(name, value)]
+    run_names = [name for name, _, _ in runs]
+    if cli.baseline is not None and cli.baseline not in run_names:
+        problems.append(
+            f"--baseline {cli.baseline} is not among the runs ({', '.join(run_names)}); add its strategy to "
+            "--strategies or name one of those runs"
+        )
+    refuse(problems)
     output_dir = Path(cli.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     reports: dict[str, list[dict]] = {}

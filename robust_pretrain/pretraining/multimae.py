@@ -32,6 +32,7 @@ from transformers import AutoConfig, AutoModelForPreTraining, set_seed
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
+from robust_pretrain.options import check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
     create_trainer,
@@ -72,9 +73,7 @@ class ModelArguments:
             "AutoModelForPreTraining. Leave unset to train from scratch (see model_size)."
         },
     )
-    model_size: str = field(
-        default="tiny", metadata={"help": "From-scratch MM-MAE preset.", "choices": list(MODEL_SIZES)}
-    )
+    model_size: str = option("tiny", "From-scratch MM-MAE preset.", choices=list(MODEL_SIZES))
     config_overrides: str | None = field(
         default=None,
         metadata={"help": "From scratch: override config values, e.g. 'hidden_size=128,num_hidden_layers=4'."},
@@ -83,23 +82,27 @@ class ModelArguments:
         default_factory=lambda: list(MODALITIES),
         metadata={"help": "Modalities = tasks, among rgb, depth, semseg (a checkpoint's by default)."},
     )
-    num_semseg_classes: int | None = field(
-        default=None, metadata={"help": "Classes of the semseg maps (default for generated scenes: their classes)."}
+    num_semseg_classes: int | None = option(
+        None, "Classes of the semseg maps (default for generated scenes: their classes).", minimum=2
     )
-    semseg_ignore_index: int = field(default=255, metadata={"help": "Class id of unlabelled semseg pixels."})
-    image_size: int = field(
-        default=224, metadata={"help": "From scratch: side of the square training images (a checkpoint keeps its own)."}
+    semseg_ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
+    image_size: int = option(
+        224, "From scratch: side of the square training images (a checkpoint keeps its own).", minimum=1
     )
-    patch_size: int = field(
-        default=16, metadata={"help": "From scratch: side of a patch, divides image_size (a checkpoint keeps its own)."}
+    patch_size: int = option(
+        16, "From scratch: side of a patch, divides image_size (a checkpoint keeps its own).", minimum=1
     )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.model_name_or_path is None and self.image_size % self.patch_size:
+            raise UsageError(f"--patch_size {self.patch_size} does not divide --image_size {self.image_size}")
 
 
 @dataclass
 class DataArguments:
-    image_folder: str | None = field(
-        default=None,
-        metadata={"help": "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext>, matched by file stem."},
+    image_folder: str | None = option(
+        None, "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext>, matched by file stem.", path="dir"
     )
     dataset_name: str | None = field(
         default=None, metadata={"help": "Dataset on the Hub or a local dataset folder (datasets.load_dataset)."}
@@ -117,34 +120,33 @@ class DataArguments:
             "of the training data)."
         },
     )
-    validation_split_percentage: int = field(
-        default=5, metadata={"help": "Percent of the training data held out when there is no held-out split."}
+    validation_split_percentage: int = option(
+        5, "Percent of the training data held out when there is no held-out split.", minimum=1, maximum=99
     )
-    depth_scale: float = field(default=1000.0, metadata={"help": "Integer depth units per metre (1000: millimetres)."})
-    num_train_scenes: int = field(default=2000, metadata={"help": "Generated scenes: training images."})
-    num_eval_scenes: int = field(default=200, metadata={"help": "Generated scenes: held-out images."})
-    scene_size: int = field(default=256, metadata={"help": "Generated scenes: rendered side in pixels."})
-    scene_seed: int = field(default=0, metadata={"help": "Generated scenes: seed (train and test scenes differ)."})
-    num_visible_tokens: int | None = field(
-        default=None,
-        metadata={"help": "Visible patches per image over all its modalities (default: 1/6 of all, as MultiMAE)."},
+    depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
+    num_train_scenes: int = option(2000, "Generated scenes: training images.", minimum=1)
+    num_eval_scenes: int = option(200, "Generated scenes: held-out images.", minimum=1)
+    scene_size: int = option(256, "Generated scenes: rendered side in pixels.", minimum=8)
+    scene_seed: int = option(0, "Generated scenes: seed (train and test scenes differ).", minimum=0)
+    num_visible_tokens: int | None = option(
+        None, "Visible patches per image over all its modalities (default: 1/6 of all, as MultiMAE).", minimum=1
     )
-    mask_alpha: float = field(
-        default=1.0, metadata={"help": "Dirichlet concentration of the split of visible patches across modalities."}
+    mask_alpha: float = option(
+        1.0, "Dirichlet concentration of the split of visible patches across modalities.", above=0
     )
-    crop_scale: list[float] = field(
-        default_factory=lambda: [0.2, 1.0], metadata={"help": "Random resized crop: area fraction range."}
+    crop_scale: list[float] = option(
+        default_factory=lambda: [0.2, 1.0], help="Random resized crop: area fraction range.", above=0, maximum=1
     )
-    crop_ratio: list[float] = field(
-        default_factory=lambda: [0.75, 4 / 3], metadata={"help": "Random resized crop: aspect ratio range."}
+    crop_ratio: list[float] = option(
+        default_factory=lambda: [0.75, 4 / 3], help="Random resized crop: aspect ratio range.", above=0
     )
-    flip_probability: float = field(default=0.5, metadata={"help": "Horizontal flip probability."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the held-out set."})
-    eval_masking_seed: int = field(
-        default=1234, metadata={"help": "Seed of the held-out masks: every evaluation and run scores the same ones."}
+    flip_probability: float = option(0.5, "Horizontal flip probability.", minimum=0, maximum=1)
+    max_train_samples: int | None = option(None, "Truncate the training set (debugging).", minimum=1)
+    max_eval_samples: int | None = option(None, "Truncate the held-out set.", minimum=1)
+    eval_masking_seed: int = option(
+        1234, "Seed of the held-out masks: every evaluation and run scores the same ones.", minimum=0
     )
-    num_reconstructions: int = field(default=4, metadata={"help": "Held-out images shown in reconstructions.png."})
+    num_reconstructions: int = option(4, "Held-out images shown in reconstructions.png.", minimum=0)
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Start afresh even if output_dir holds checkpoints (they are deleted)."}
     )
@@ -154,21 +156,11 @@ class DataArguments:
             raise UsageError("give --image_folder or --dataset_name, not both")
         if self.column_mapping and self.dataset_name is None:
             raise UsageError("--column_mapping applies to --dataset_name only")
-        if not 0 < self.validation_split_percentage < 100:
-            raise UsageError(
-                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
-            )
-        for name in ("num_train_scenes", "num_eval_scenes", "max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be a positive integer, got {getattr(self, name)}")
-        if not self.mask_alpha > 0:
-            raise UsageError(f"--mask_alpha must be > 0, got {self.mask_alpha}")
-        if self.num_visible_tokens is not None and self.num_visible_tokens < 1:
-            raise UsageError(f"--num_visible_tokens must be >= 1, got {self.num_visible_tokens}")
+        check_options(self)
         if len(self.crop_scale) != 2 or len(self.crop_ratio) != 2:
             raise UsageError("--crop_scale and --crop_ratio take two values each (min max)")
-        if self.num_reconstructions < 0:
-            raise UsageError(f"--num_reconstructions must be >= 0, got {self.num_reconstructions}")
+        if self.crop_scale[0] > self.crop_scale[1] or self.crop_ratio[0] > self.crop_ratio[1]:
+            raise UsageError(f"--crop_scale {self.crop_scale} / --crop_ratio {self.crop_ratio}: give min then max")
 
     def mapping(self) -> dict[str, str]:
         """``--column_mapping`` as {target: column}."""

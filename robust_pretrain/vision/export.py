@@ -12,7 +12,6 @@ Command line: ``python -m robust_pretrain.vision.export <MM-MAE checkpoint> <out
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -23,7 +22,8 @@ from transformers import AutoImageProcessor, BaseImageProcessor, ViTConfig, ViTM
 from transformers.image_utils import PILImageResampling
 from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
-from robust_pretrain.cli import UsageError, check_checkpoint, run_console
+from robust_pretrain.cli import ConsoleArgumentParser, UsageError, check_checkpoint, refuse, run_console
+from robust_pretrain.options import path_problem
 
 from .configuration_multimae import MultiMAEConfig
 from .modeling_multimae import MultiMAEModel, MultiMAEPreTrainedModel, sincos_position_embedding
@@ -113,15 +113,25 @@ def export_vit(
 
 
 def run(argv: Sequence[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="robust-pretrain-export-vit", description=__doc__.split("\n\n")[0])
+    parser = ConsoleArgumentParser(prog="robust-pretrain-export-vit", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="MM-MAE checkpoint directory (or Hub id)")
     parser.add_argument("output_dir", help="where to write the ViT checkpoint")
     parser.add_argument("--modality", default=None, help="modality the ViT reads (default: the rgb modality)")
     args = parser.parse_args(argv)
     check_checkpoint(args.checkpoint, "checkpoint")
+    refuse([f"output_dir {args.output_dir}: {why}" for why in [path_problem(args.output_dir, "output_dir")] if why])
+    try:
+        config = MultiMAEConfig.from_pretrained(args.checkpoint)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"checkpoint {args.checkpoint} is not an MM-MAE checkpoint ({err})") from err
+    pixel_modalities = [spec.name for spec in config.modalities if spec.kind != "semseg"]
+    if args.modality is not None and args.modality not in pixel_modalities:
+        raise UsageError(
+            f"--modality {args.modality}: the checkpoint's pixel modalities are {', '.join(pixel_modalities)}"
+        )
     try:
         output = export_vit(args.checkpoint, args.output_dir, args.modality)
-    except FileExistsError as err:
+    except (FileExistsError, ValueError) as err:
         raise UsageError(str(err)) from err
     print(f"ViT checkpoint written to {output}")
     return output

@@ -55,7 +55,7 @@ from transformers.trainer_utils import SaveStrategy
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.finetuning import log_train_results
-from robust_pretrain.options import LoraArguments
+from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import claim_for_new_run
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.plots import plot_predictions
@@ -143,8 +143,8 @@ class DenseModelArguments:
 class DenseDataArguments:
     """Where the images come from, how they are prepared and how much of them is used."""
 
-    image_folder: str | None = field(
-        default=None, metadata={"help": "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext> (+ labels.csv)."}
+    image_folder: str | None = option(
+        None, "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext> (+ labels.csv).", path="dir"
     )
     dataset_name: str | None = field(
         default=None, metadata={"help": "Dataset on the Hub or a local dataset folder (datasets.load_dataset)."}
@@ -161,44 +161,40 @@ class DenseDataArguments:
         default=None,
         metadata={"help": "Evaluation split (default: validation, else test; generated scenes: downstream_test)."},
     )
-    num_train_scenes: int = field(default=512, metadata={"help": "Generated scenes: training images."})
-    num_eval_scenes: int = field(default=64, metadata={"help": "Generated scenes: evaluation images."})
-    scene_size: int = field(default=64, metadata={"help": "Generated scenes: rendered side in pixels."})
-    scene_seed: int = field(default=0, metadata={"help": "Generated scenes: seed of the downstream scenes."})
-    image_size: int | None = field(
-        default=None, metadata={"help": "Side of the square model input (default: the checkpoint's image_size)."}
+    num_train_scenes: int = option(512, "Generated scenes: training images.", minimum=1)
+    num_eval_scenes: int = option(64, "Generated scenes: evaluation images.", minimum=1)
+    scene_size: int = option(64, "Generated scenes: rendered side in pixels.", minimum=8)
+    scene_seed: int = option(0, "Generated scenes: seed of the downstream scenes.", minimum=0)
+    image_size: int | None = option(
+        None, "Side of the square model input (default: the checkpoint's image_size).", minimum=1
     )
-    num_labels: int | None = field(
-        default=None,
-        metadata={"help": "Classes (semseg: class ids 0..N-1; default from the scenes / dataset / class_names)."},
+    num_labels: int | None = option(
+        None, "Classes (semseg: class ids 0..N-1; default from the scenes / dataset / class_names).", minimum=1
     )
     class_names: list[str] | None = field(default=None, metadata={"help": "Class names, in class-id order."})
-    ignore_index: int = field(default=255, metadata={"help": "Class id of unlabelled semseg pixels."})
-    depth_scale: float = field(default=1000.0, metadata={"help": "Integer depth units per metre (1000: millimetres)."})
-    min_depth: float = field(default=1e-3, metadata={"help": "Depth metrics: smallest valid depth (metres)."})
-    max_depth: float | None = field(default=10.0, metadata={"help": "Depth metrics: depth cap (metres; NYUv2: 10)."})
-    crop_scale: list[float] = field(
-        default_factory=lambda: [0.5, 1.0], metadata={"help": "Training random resized crop: area fraction range."}
+    ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
+    depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
+    min_depth: float = option(1e-3, "Depth metrics: smallest valid depth (metres).", above=0)
+    max_depth: float | None = option(10.0, "Depth metrics: depth cap (metres; NYUv2: 10).", above=0)
+    crop_scale: list[float] = option(
+        default_factory=lambda: [0.5, 1.0],
+        help="Training random resized crop: area fraction range.",
+        above=0,
+        maximum=1,
     )
-    flip_probability: float = field(default=0.5, metadata={"help": "Training horizontal flip probability."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training images."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N evaluation images."})
-    num_prediction_images: int = field(default=4, metadata={"help": "Evaluation images shown in predictions.png."})
+    flip_probability: float = option(0.5, "Training horizontal flip probability.", minimum=0, maximum=1)
+    max_train_samples: int | None = option(None, "Use only the first N training images.", minimum=1)
+    max_eval_samples: int | None = option(None, "Use only the first N evaluation images.", minimum=1)
+    num_prediction_images: int = option(4, "Evaluation images shown in predictions.png.", minimum=0)
 
     def __post_init__(self) -> None:
         if self.image_folder is not None and self.dataset_name is not None:
             raise UsageError("give --image_folder or --dataset_name, not both")
         if self.column_mapping and self.dataset_name is None:
             raise UsageError("--column_mapping applies to --dataset_name only")
-        for name in ("num_train_scenes", "num_eval_scenes", "scene_size", "image_size", "num_labels",
-                     "max_train_samples", "max_eval_samples"):  # fmt: skip
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be a positive integer, got {value}")
+        check_options(self)
         if self.class_names is not None and self.num_labels not in (None, len(self.class_names)):
             raise UsageError(f"--num_labels {self.num_labels} differs from the {len(self.class_names)} --class_names")
-        if self.num_prediction_images < 0:
-            raise UsageError(f"--num_prediction_images must be >= 0, got {self.num_prediction_images}")
 
     def mapping(self) -> dict[str, str]:
         """``--column_mapping`` as {target: column}."""
@@ -214,9 +210,11 @@ class DenseTrainingArguments(TrainingArguments):
 
     learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate (MultiMAE: 1e-4)."})
     weight_decay: float = field(default=0.05, metadata={"help": "AdamW weight decay (MultiMAE: 0.05)."})
-    layer_decay: float = field(
-        default=0.75,
-        metadata={"help": "Layer-wise lr decay: encoder layer l of L gets lr * layer_decay**(L + 1 - l); 1 = off."},
+    layer_decay: float = option(
+        0.75,
+        "Layer-wise lr decay: encoder layer l of L gets lr * layer_decay**(L + 1 - l); 1 = off.",
+        above=0,
+        maximum=1,
     )
     warmup_steps: float = field(
         default=0.1, metadata={"help": "Warm-up: ratio of total steps if < 1, else a step count."}
@@ -237,10 +235,9 @@ class DenseTrainingArguments(TrainingArguments):
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the evaluation split after training."})
 
     def __post_init__(self) -> None:
+        check_options(self)
         use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
-        if not 0 < self.layer_decay <= 1:
-            raise UsageError(f"--layer_decay must be in (0, 1], got {self.layer_decay}")
         if self.remove_unused_columns:
             raise UsageError("--remove_unused_columns must stay false: the collator reads the image columns")
 
