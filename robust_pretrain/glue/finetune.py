@@ -66,10 +66,10 @@ class GlueDataArguments:
     glue_dir: str | None = option(
         None, "Directory in the original GLUE TSV layout (<dir>/<TASK>/train.tsv, dev.tsv); default: Hub.", path="dir"
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for Hub downloads."})
     max_seq_length: int = option(128, "Truncate inputs to this many tokens.", minimum=1)
     max_train_samples: int | None = option(None, "Use only the first N training examples.", minimum=1)
     max_eval_samples: int | None = option(None, "Use only the first N examples per eval split.", minimum=1)
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for Hub downloads."})
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -92,8 +92,8 @@ class GlueTrainingArguments(TrainingArguments):
     do_eval: bool = field(default=True, metadata={"help": "Evaluate on the task's dev split(s) after training."})
 
     def __post_init__(self) -> None:
-        use_cpu_when_launched_without_accelerator(self)
         check_options(self)
+        use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
 
 
@@ -177,7 +177,6 @@ def build_compute_metrics(spec: TaskSpec) -> Callable[[EvalPrediction], dict[str
     return compute_metrics
 
 
-def _load_model(
 def check_text_model(checkpoint: str, cache_dir: str | None) -> None:
     """Refuse, naming it, a checkpoint whose model type has no sequence-classification model (an image model)."""
     try:
@@ -192,6 +191,7 @@ def check_text_model(checkpoint: str, cache_dir: str | None) -> None:
         )
 
 
+def _load_model(
     run_args: GlueRunArguments, lora_args: LoraArguments, spec: TaskSpec, cache_dir: str | None
 ) -> PreTrainedModel | PeftModel:
     labels = (
@@ -245,8 +245,8 @@ def run_finetune(
     """
     spec = get_task(run_args.task_name)
     check_checkpoint(run_args.model_name_or_path)
-    check_checkpoint(run_args.tokenizer_name, "--tokenizer_name", model=False)
     check_text_model(run_args.model_name_or_path, data_args.cache_dir)
+    check_checkpoint(run_args.tokenizer_name, "--tokenizer_name", model=False)
     splits = load_glue(spec.name, data_args.glue_dir, data_args.cache_dir)
     claim_for_new_run(
         training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_PREDICTIONS
