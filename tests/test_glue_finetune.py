@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from glue_support import SHARED_TASKS, make_synthetic_glue, make_tiny_bert
 from peft import PeftModel
 from safetensors.torch import load_file
-from glue_support import SHARED_TASKS, make_synthetic_glue, make_tiny_bert
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from robust_pretrain.cli import UsageError
