@@ -35,6 +35,7 @@ from robust_pretrain.evaluation.checkpoints import (
     checkpoint_state,
 )
 from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask, TaskFamily, family_names, get_family
+from robust_pretrain.options import check_options, option
 from robust_pretrain.reporting.aggregation import summarize_suite
 from robust_pretrain.reporting.suite_cards import check_card_updates, eval_results, write_card_outputs
 from robust_pretrain.reporting.tables import suite_markdown
@@ -57,7 +58,7 @@ class SuiteArguments:
     tasks: list[str] | None = field(
         default=None, metadata={"help": "Tasks of the family (default: the family's usual set, e.g. GLUE's 8)."}
     )
-    seeds: list[int] = field(default_factory=lambda: [42], metadata={"help": "Fine-tuning seeds per task."})
+    seeds: list[int] = option(default_factory=lambda: [42], help="Fine-tuning seeds per task.", minimum=0)
     baseline: str | None = field(
         default=None, metadata={"help": "Checkpoint the others are compared with (added to --checkpoints if absent)."}
     )
@@ -71,6 +72,7 @@ class SuiteArguments:
     save_models: bool = field(default=False, metadata={"help": "Keep every fine-tuned model in its cell directory."})
 
     def __post_init__(self) -> None:
+        check_options(self)
         family = get_family(self.family)
         self.tasks = [family.task(name).name for name in (self.tasks or family.default_tasks)]
         if not self.tasks or not self.seeds or not self.checkpoints:

@@ -217,6 +217,13 @@ def _check_text_file(path: Path, option: str, builder: str) -> None:
     if path.stat().st_size == 0:
         raise UsageError(f"{option} {path} is empty: give a file with one text per line (or record)")
     if builder == "parquet":
+        from pyarrow import ArrowException
+        from pyarrow.parquet import ParquetFile
+
+        try:
+            ParquetFile(path).close()
+        except (ArrowException, OSError) as err:
+            raise UsageError(f"{option} {path} is not a readable Parquet file ({err})") from None
         return
     with open(path, "rb") as stream:
         head = stream.read(1 << 16)

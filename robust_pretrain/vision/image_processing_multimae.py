@@ -87,6 +87,17 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         self._check_settings()
 
     def _check_settings(self) -> None:
+        numbers = {
+            "crop_scale": self.crop_scale,
+            "crop_ratio": self.crop_ratio,
+            "flip_probability": (self.flip_probability,),
+            "image_mean": self.image_mean,
+            "image_std": self.image_std,
+            "depth_scale": (self.depth_scale,),
+        }
+        for name, values in numbers.items():
+            if not all(math.isfinite(value) for value in values):
+                raise ValueError(f"{name} must be finite, got {list(values)}")
         if min(self.size.values()) < 1:
             raise ValueError(f"size must be positive, got {self.size}")
         low, high = self.crop_scale

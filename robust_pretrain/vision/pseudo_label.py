@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
+from robust_pretrain.options import check_options, option
 from robust_pretrain.seeding import stable_hash
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class PseudoLabelArguments:
             "datasets dataset (Hub id or local path)"
         }
     )
-    output_dir: str = field(metadata={"help": "where the labelled split is written"})
+    output_dir: str = option(help="where the labelled split is written", path="output_dir")
     split: str = field(default="train", metadata={"help": "split to label"})
     rgb_column: str = field(default="image", metadata={"help": "RGB column of a datasets dataset"})
     id_column: str | None = field(
@@ -55,20 +56,15 @@ class PseudoLabelArguments:
     )
     depth_model: str | None = field(default=None, metadata={"help": "metric depth-estimation model"})
     segmentation_model: str | None = field(default=None, metadata={"help": "semantic segmentation model"})
-    output_format: str = field(default="folder", metadata={"help": "folder (NYUv2 layout) or dataset (parquet)"})
-    batch_size: int = field(default=8, metadata={"help": "images per model forward"})
-    depth_scale: float = field(default=1000.0, metadata={"help": "depth PNG units per metre (1000 = millimetres)"})
+    output_format: str = option("folder", "folder (NYUv2 layout) or dataset (parquet)", choices=OUTPUT_FORMATS)
+    batch_size: int = option(8, "images per model forward", minimum=1)
+    depth_scale: float = option(1000.0, "depth PNG units per metre (1000 = millimetres)", above=0)
     device: str = field(default="cpu", metadata={"help": "device of the pipelines (cpu, cuda, cuda:1, ...)"})
 
     def __post_init__(self) -> None:
         if self.depth_model is None and self.segmentation_model is None:
             raise ValueError("give --depth_model and/or --segmentation_model")
-        if self.output_format not in OUTPUT_FORMATS:
-            raise ValueError(f"--output_format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch_size must be >= 1, got {self.batch_size}")
-        if self.depth_scale <= 0:
-            raise ValueError(f"--depth_scale must be > 0, got {self.depth_scale}")
+        check_options(self)
 
 
 def _pipeline(task: str, model: Any, device: str | None) -> Any:
