@@ -27,7 +27,7 @@ FEATURES = Features(
 outside any word. ``token_task_ids``: task id of the token's word, -1 for special tokens and non-task words."""
 
 _TRANSFORM_VERSION = "tokenize_and_tag/3"  # 3: script tags for non-Latin words, long texts cut into pieces
-MAX_TEXT_CHARS = 10_000
+MAX_TEXT_CHARS = 2_000
 """With packing, longer texts are cut into pieces of at most this many characters at sentence ends (see
 :func:`~robust_pretrain.data.word_tokenizer.text_pieces`) before tokenizing and tagging: the memory a map batch
 needs stays bounded (a 20 MB line is no longer one example), and the pieces tag and pack like the whole text."""

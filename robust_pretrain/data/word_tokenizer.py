@@ -43,7 +43,7 @@ def word_tokenize(text: str) -> list[str]:
     return [text[start:end] for start, end in word_spans(text)]
 
 
-SENTENCE_SEARCH_CHARS = 2000
+SENTENCE_SEARCH_CHARS = 500
 """How far back from a piece's size limit :func:`text_pieces` looks for a sentence end."""
 
 
