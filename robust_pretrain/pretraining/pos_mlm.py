@@ -528,19 +528,20 @@ def require_targets(dataset: Dataset | IterableDataset, split: str, data_args: D
     task_words, words = task_word_counts(dataset, STREAM_SHARE_ROWS if streamed else None)
     source = data_args.dataset_name or getattr(data_args, f"{split}_file", None) or data_args.train_file
     where = f" ({source})" if source else ""
+    expected = spec.expected_share()
+    counted = f"in its first {STREAM_SHARE_ROWS} sequences" if streamed else "in it"
     if task_words == 0:
         raise UsageError(
-            f"the {split} data{where} contains no word of the tasks {spec.task_names}: the `{data_args.tagger}` "
-            "tagger found none (it tags English; is the text in another language, or empty?). Nothing could be "
+            f"the {split} data{where} contains no word of the tasks {spec.task_names}: none of the {words} words "
+            f"{counted} belongs to one (English text has {expected:.1%} of its words in them); the "
+            f"`{data_args.tagger}` tagger tags English: is the text in another language, or empty? Nothing could be "
             "masked, so nothing would be learned."
         )
-    expected = spec.expected_share()
     found = task_words / words
     if expected >= JUDGED_MIN_EXPECTED_SHARE and found < IMPLAUSIBLE_SHARE_FRACTION * expected:
-        counted = f"its first {STREAM_SHARE_ROWS} sequences" if streamed else "it"
         raise UsageError(
-            f"the {split} data{where} does not look like English text: {found:.1%} of the {words} words in "
-            f"{counted} belong to a task, where English text has {expected:.1%} (at least "
+            f"the {split} data{where} does not look like English text: {found:.1%} of the {words} words {counted} "
+            f"belong to a task, where English text has {expected:.1%} (at least "
             f"{IMPLAUSIBLE_SHARE_FRACTION * expected:.1%} is accepted); the `{data_args.tagger}` tagger tags English "
             "and gives words of other scripts X, so they would never be masked."
         )
