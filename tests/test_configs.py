@@ -60,6 +60,7 @@ def test_an_unknown_name_or_missing_file_is_one_line_naming_the_option_and_the_n
     assert text.startswith(message) and text.endswith("vision_demo)") and "\n" not in text
 
 
+@pytest.mark.slow
 def test_the_pos_mlm_demo_by_name_reaches_the_data_and_names_where_it_looked(tmp_path, monkeypatch, capsys):
     """From an empty directory without the shared data: the packaged demo is read (its options are accepted), and the
     run stops at the missing UD-EWT folder, named relative to the current directory, not to the package."""
