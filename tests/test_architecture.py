@@ -1,0 +1,214 @@
+"""The import rules of docs/architecture.md hold for the code: floors, allowed exceptions, light packages.
+
+The page is the single source of the rules: its tables are parsed here, and every import of the package (parsed with
+``ast``, type-checking-only imports left out) is checked against them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = REPO_ROOT / "robust_pretrain"
+PAGE = REPO_ROOT / "docs" / "architecture.md"
+ROOT = "robust_pretrain"  # the package root itself, as an importer
+
+
+def page_table(text: str, name: str) -> list[list[str]]:
+    """The body rows (cells) of the Markdown table right after the ``<!-- architecture: NAME ... -->`` marker."""
+    match = re.search(rf"<!-- architecture: {name}\b.*?-->\n((?:\|.*\n?)+)", text)
+    if match is None:
+        raise AssertionError(f"{PAGE} has no table marked <!-- architecture: {name} -->")
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in match.group(1).splitlines()]
+    return rows[2:]  # header and separator
+
+
+def names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def floors(text: str) -> dict[str, int]:
+    placed: dict[str, int] = {}
+    for floor, packages, _ in page_table(text, "floors"):
+        for package in names(packages):
+            assert package not in placed, f"{package} is on two floors of {PAGE.name}"
+            placed[package] = int(floor)
+    return placed
+
+
+def exceptions(text: str) -> set[tuple[str, str]]:
+    return {
+        (names(importer)[0], imported)
+        for importer, targets, _ in page_table(text, "exceptions")
+        for imported in names(targets)
+    }
+
+
+def third_party_allowed(text: str) -> dict[str, set[str]]:
+    return {names(package)[0]: set(names(allowed)) for package, allowed in page_table(text, "third-party")}
+
+
+def top_level_packages(package_dir: Path) -> set[str]:
+    """Sub-packages and modules directly under the package (``__init__`` and private helpers excluded)."""
+    found = {p.name for p in package_dir.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    found |= {p.stem for p in package_dir.glob("*.py") if p.stem != "__init__"}
+    return found
+
+
+def owner(path: Path, package_dir: Path) -> str:
+    """The top-level package (or module) a source file belongs to; the root ``__init__`` is the root."""
+    parts = path.relative_to(package_dir).with_suffix("").parts
+    return ROOT if parts == ("__init__",) else parts[0]
+
+
+def runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement except those under ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def imported_modules(node: ast.Import | ast.ImportFrom, path: Path, package_dir: Path) -> list[str]:
+    """Absolute dotted names a statement imports (relative imports resolved against ``path``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level == 0:
+        return [node.module or ""]
+    base = [package_dir.name, *path.relative_to(package_dir).parent.parts]
+    base = base[: len(base) - (node.level - 1)]
+    if node.module:
+        return [".".join([*base, node.module])]
+    return [".".join([*base, alias.name]) for alias in node.names]
+
+
+def package_imports(package_dir: Path) -> dict[tuple[str, str], list[str]]:
+    """``(importer, imported) -> [where]`` for imports between distinct top-level packages, and
+    ``(importer, "third-party:NAME") -> [where]`` for imports from outside the package and the standard library."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        importer = owner(path, package_dir)
+        for node in runtime_imports(ast.parse(path.read_text(), filename=str(path))):
+            for module in imported_modules(node, path, package_dir):
+                parts = module.split(".")
+                if parts[0] == package_dir.name:
+                    imported = parts[1] if len(parts) > 1 else ROOT
+                    if imported == importer:
+                        continue
+                elif parts[0] in sys.stdlib_module_names or parts[0] == "__future__":
+                    continue
+                else:
+                    imported = f"third-party:{parts[0]}"
+                where = f"{path.relative_to(package_dir.parent)}:{node.lineno}"
+                edges.setdefault((importer, imported), []).append(where)
+    return edges
+
+
+def violations(package_dir: Path, page_text: str) -> list[str]:
+    """Every way the package breaks the page's rules, one line each (empty when it keeps them)."""
+    placed = floors(page_text)
+    allowed = exceptions(page_text)
+    light = third_party_allowed(page_text)
+    problems = [
+        f"{name}: no floor of {PAGE.name} names it" for name in sorted(top_level_packages(package_dir) - set(placed))
+    ]
+    problems += [
+        f"{name}: on a floor of {PAGE.name} but not in the package"
+        for name in sorted(set(placed) - top_level_packages(package_dir))
+    ]
+    edges = package_imports(package_dir)
+    for (importer, imported), where in sorted(edges.items()):
+        if imported.startswith("third-party:"):
+            name = imported.split(":", 1)[1]
+            if importer in light and name not in light[importer]:
+                problems.append(
+                    f"{importer} imports {name} (allowed: {sorted(light[importer]) or 'nothing'}) at {where[0]}"
+                )
+            continue
+        if (importer, imported) in allowed:
+            continue
+        if importer == ROOT or imported == ROOT or placed.get(imported, -1) >= placed.get(importer, -1):
+            problems.append(
+                f"{importer} (floor {placed.get(importer, '?')}) imports {imported} "
+                f"(floor {placed.get(imported, '?')}) at {', '.join(where)}"
+            )
+    problems += [f"exception {a} -> {b} is not used any more" for a, b in sorted(allowed - set(edges))]
+    return problems
+
+
+def test_package_keeps_the_import_rules_of_the_architecture_page() -> None:
+    problems = violations(PACKAGE, PAGE.read_text())
+    assert not problems, "docs/architecture.md import rules broken:\n" + "\n".join(problems)
+
+
+def test_text_and_vision_never_import_each_other() -> None:
+    edges = package_imports(PACKAGE)
+    text = {"data", "glue"}
+    crossing = [(a, b) for a, b in edges if (a in text and b == "vision") or (a == "vision" and b in text)]
+    assert not crossing, crossing
+
+
+def test_weighting_imports_only_torch_and_the_standard_library() -> None:
+    outside = {b for a, b in package_imports(PACKAGE) if a == "weighting" and b.startswith("third-party:")}
+    assert outside <= {"third-party:torch"}, outside
+
+
+@pytest.fixture
+def toy_package(tmp_path: Path) -> Path:
+    package = tmp_path / "robust_pretrain"
+    for sub in ("low", "high"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "core.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..high import thing\nimport torch\n"
+    )
+    (package / "high" / "user.py").write_text("from robust_pretrain.low import core\n")
+    return package
+
+
+TOY_PAGE = """
+<!-- architecture: floors -->
+| floor | packages | role |
+|---|---|---|
+| 1 | `high` | |
+| 0 | `low` | |
+
+<!-- architecture: exceptions -->
+| package | may import | why |
+|---|---|---|
+
+<!-- architecture: third-party -->
+| package | third-party imports allowed |
+|---|---|
+| `low` | `torch` |
+"""
+
+
+def test_checker_accepts_downward_and_type_checking_imports(toy_package: Path) -> None:
+    assert violations(toy_package, TOY_PAGE) == []
+
+
+def test_checker_reports_an_upward_import_inside_a_function(toy_package: Path) -> None:
+    (toy_package / "low" / "late.py").write_text("def f():\n    from robust_pretrain.high import user\n")
+    (problem,) = violations(toy_package, TOY_PAGE)
+    assert problem.startswith("low (floor 0) imports high (floor 1) at robust_pretrain/low/late.py:2")
+
+
+def test_checker_reports_a_forbidden_third_party_import_and_an_unplaced_package(toy_package: Path) -> None:
+    (toy_package / "low" / "heavy.py").write_text("import transformers\n")
+    (toy_package / "extra.py").write_text("")
+    problems = violations(toy_package, TOY_PAGE)
+    assert "extra: no floor of architecture.md names it" in problems
+    assert any(p.startswith("low imports transformers (allowed: ['torch'])") for p in problems)
