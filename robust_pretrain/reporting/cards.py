@@ -1,12 +1,14 @@
 """The one model-card renderer: every recipe's card, rendered from templates in ``model_cards/`` (package data) with
 ``huggingface_hub``.
 
-Pre-training cards (``model_cards/template.md``) serve every task family; what differs between families (PoS groups
+Pre-training cards (``model_cards/pretraining.md``) serve every task family; what differs between families (PoS groups
 of masked words for text, image modalities for vision, and any later family such as causal-LM pre-training) is data,
 a :class:`TaskFamily`. Fine-tuning cards (``model_cards/finetuning.md``, GLUE and dense) are a
-:class:`FineTuningCardContent`. Everything a card states comes from the run (its task report, settings, data, model
-and tokenizer, base model, metrics) or from a verified source (the paper's citation in the template, the weighting
-strategy's own module docstring). A pre-training recipe builds a :class:`ModelCardContent` and renders it::
+:class:`FineTuningCardContent`. The suite's results (``model_cards/suite_results.md``) are written by
+:mod:`robust_pretrain.reporting.suite_cards`. Everything a card states comes from the run (its task report,
+settings, data, model and tokenizer, base model, metrics) or from a verified source (the paper's citation in the
+template, the weighting strategy's own module docstring). A pre-training recipe builds a :class:`ModelCardContent`
+and renders it::
 
     content = ModelCardContent(architecture="BertForMaskedLM", tasks=pos_tasks(...), report=report,
                                training_data=EWT_TRAINING_DATA, model_size=model_size(model))
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
     from transformers import Trainer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "model_cards"  # package data: installed with the package
-TEMPLATE = TEMPLATES / "template.md"  # pre-training
+TEMPLATE = TEMPLATES / "pretraining.md"
 FINETUNING_TEMPLATE = TEMPLATES / "finetuning.md"
+SUITE_RESULTS_TEMPLATE = TEMPLATES / "suite_results.md"  # the suite's card fragment per checkpoint
 CARD_CONTENT_NAME = "model_card.json"
 EWT_DATA = (
     "Raw text of the [Universal Dependencies English Web Treebank](https://universaldependencies.org/treebanks/"

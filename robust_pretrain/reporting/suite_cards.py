@@ -21,6 +21,7 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub.repocard_data import eval_results_to_model_index
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.reporting.cards import SUITE_RESULTS_TEMPLATE
 from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 
 if TYPE_CHECKING:
@@ -152,8 +153,7 @@ def write_card_outputs(
     (target / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     fragment = ModelCard.from_template(
         ModelCardData(model_name=label, eval_results=results),
-        template_str="---\n{{ card_data }}\n---\n# {{ label }}\n\nSuite results for `{{ checkpoint }}`: merge the "
-        "`model-index` metadata above into the model's card, or rerun the suite with `--update_model_cards`.\n",
+        template_path=str(SUITE_RESULTS_TEMPLATE),
         label=label,
         checkpoint=checkpoint,
     )
