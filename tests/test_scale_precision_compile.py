@@ -101,4 +101,7 @@ def test_torch_compile_under_ddp_stays_within_the_recompile_limit_and_matches_ea
         assert 0 < info["compiled_graphs"] <= torch._dynamo.config.recompile_limit
     compiled = load_file(tmp_path / "compiled" / "final" / "model.safetensors")
     plain = load_file(tmp_path / "plain" / "final" / "model.safetensors")
-    assert max(float((compiled[k] - plain[k]).abs().max()) for k in plain) <= 1e-5
+    # measured: 0.0 (backend eager runs the very kernels of the eager run, in the same order; 2 runs, and 0.0 too
+    # over 14 steps at lr 5e-3); inductor fuses kernels and rounds differently: 2.2e-6 with these settings, 1.1e-5
+    # after 14 steps at lr 5e-3 (another machine measured 1.8e-4 there)
+    assert max(float((compiled[k] - plain[k]).abs().max()) for k in plain) <= 1e-6
