@@ -64,7 +64,7 @@ _WEIGHTING_DEFAULTS = declared_defaults(WeightingArguments)
 
 
 @dataclass
-class MinimaxTrainingArguments(TrainingArguments, WeightingArguments):
+class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
     """``TrainingArguments`` plus the settings of the task-weighting objective (the strategies' options are those of
     :class:`~robust_pretrain.weighting.WeightingArguments`, declared there once).
 

@@ -315,6 +315,6 @@ def run(argv: list[str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point (``recipes/pseudo_label.py``)."""
+    """Console entry point (``robust-pretrain-pseudo-label``, ``recipes/pseudo_label.py``)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return run_console(run, argv, prog="pseudo_label")
+    return run_console(run, argv, prog="robust-pretrain-pseudo-label")

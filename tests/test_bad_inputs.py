@@ -1,0 +1,389 @@
+"""Every bad input is refused before any work: exit status 2, at most 3 lines naming the option or file, no traceback,
+nothing written (issue 17). A new case is one line in a table.
+
+Console cases run ``main(argv)`` in-process: ``argv`` is the script's base command line plus the case's options
+(later options win); ``{out}`` is an existing output directory holding a user's file, ``{tmp}`` the test's folder
+(with ``file.txt``, ``empty.txt``, ``binary.txt``, ``bad.parquet``, ``typo.yaml``), ``{mmae}`` a tiny MM-MAE
+checkpoint, ``{ro}`` a path where nothing can be created. Each case checks that no file under ``{tmp}`` changed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_recipe_pretrain import DEMO_CONFIG, MINILM, corpus_texts, write_texts
+from tiny_vision import tiny_config
+from transformers import AutoTokenizer
+
+from robust_pretrain.data import TaskGroupedMLMCollator
+from robust_pretrain.evaluation import suite
+from robust_pretrain.glue import finetune as glue_finetune
+from robust_pretrain.hub import main as publish_main
+from robust_pretrain.options import LoraArguments
+from robust_pretrain.pretraining import compare, multimae, pos_mlm
+from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.vision import export, pseudo_label
+from robust_pretrain.vision import finetune as dense_finetune
+from robust_pretrain.vision.collator import ModalityMaskCollator
+from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.weighting import build_weighting
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+VISION_CONFIG = REPO_ROOT / "recipes" / "configs" / "vision_demo.yaml"
+GLUE_DIR = REPO_ROOT.parent / "shared" / "data" / "glue"
+READ_ONLY = "/sys/robust-pretrain-bad-input"  # even root cannot create anything there
+
+SCRIPTS: dict[str, tuple[Callable[[list[str]], int], str, list[str]]] = {
+    "pos-mlm": (
+        pos_mlm.main,
+        "robust-pretrain-pos-mlm",
+        ["--config", str(DEMO_CONFIG), "--output_dir", "{out}", "--train_file", "{tmp}/train.txt", "--max_steps", "2"],
+    ),
+    "multimae": (
+        multimae.main,
+        "robust-pretrain-multimae",
+        ["--config", str(VISION_CONFIG), "--output_dir", "{out}", "--max_steps", "2"],
+    ),
+    "compare": (compare.main, "robust-pretrain-compare", ["--config", str(DEMO_CONFIG), "--output_dir", "{out}"]),
+    "finetune-glue": (
+        glue_finetune.main,
+        "robust-pretrain-finetune-glue",
+        [
+            "--model_name_or_path",
+            str(MINILM),
+            "--task_name",
+            "rte",
+            "--glue_dir",
+            str(GLUE_DIR),
+            "--output_dir",
+            "{out}",
+        ],
+    ),
+    "finetune-dense": (
+        dense_finetune.main,
+        "robust-pretrain-finetune-dense",
+        ["--model_name_or_path", "{mmae}", "--task", "semseg", "--output_dir", "{out}"],
+    ),
+    "suite": (
+        suite.main,
+        "robust-pretrain-suite",
+        ["--checkpoints", str(MINILM), "--tasks", "rte", "--glue_dir", str(GLUE_DIR), "--output_dir", "{out}"],
+    ),
+    "pseudo-label": (
+        pseudo_label.main,
+        "robust-pretrain-pseudo-label",
+        ["--dataset", "{tmp}", "--output_dir", "{tmp}/labelled", "--depth_model", str(MINILM)],
+    ),
+    "export-vit": (export.main, "robust-pretrain-export-vit", []),
+    "publish": (publish_main, "robust-pretrain-publish", []),
+}
+
+# (script, options, fragments the error must contain)
+CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
+    # pos-mlm: numbers, ranges, finiteness, choices, types
+    ("pos-mlm", ["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size", "positive integer"]),
+    ("pos-mlm", ["--per_device_eval_batch_size", "-3"], ["--per_device_eval_batch_size"]),
+    ("pos-mlm", ["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps", "positive integer"]),
+    ("pos-mlm", ["--learning_rate", "-1"], ["--learning_rate must be > 0, got -1.0"]),
+    ("pos-mlm", ["--learning_rate", "0"], ["--learning_rate must be > 0"]),
+    ("pos-mlm", ["--learning_rate", "nan"], ["--learning_rate must be a finite number > 0, got nan"]),
+    ("pos-mlm", ["--learning_rate", "abc"], ["--learning_rate", "invalid float value: 'abc'"]),
+    ("pos-mlm", ["--weight_decay", "-0.1"], ["--weight_decay must be >= 0"]),
+    ("pos-mlm", ["--adam_beta1", "1.5"], ["--adam_beta1 must be in [0, 1)"]),
+    ("pos-mlm", ["--adam_beta2", "inf"], ["--adam_beta2 must be a finite number"]),
+    ("pos-mlm", ["--max_grad_norm", "-1"], ["--max_grad_norm must be >= 0"]),
+    ("pos-mlm", ["--warmup_steps", "-5"], ["--warmup_steps must be >= 0"]),
+    ("pos-mlm", ["--max_steps", "0"], ["--max_steps must be a positive number of optimizer steps"]),
+    ("pos-mlm", ["--max_steps", "-5"], ["--max_steps must be a positive number of optimizer steps"]),
+    ("pos-mlm", ["--max_steps", "2.5"], ["--max_steps", "invalid int value"]),
+    ("pos-mlm", ["--max_steps", "-1", "--num_train_epochs", "0"], ["--num_train_epochs must be > 0"]),
+    ("pos-mlm", ["--logging_steps", "0"], ["--logging_steps must be > 0"]),
+    ("pos-mlm", ["--save_steps", "-1"], ["--save_steps must be > 0"]),
+    ("pos-mlm", ["--save_total_limit", "0"], ["--save_total_limit"]),
+    ("pos-mlm", ["--seed", "-1"], ["--seed must be in [0, 4.29497e+09], got -1"]),
+    ("pos-mlm", ["--dataloader_num_workers", "-1"], ["--dataloader_num_workers must be >= 0"]),
+    ("pos-mlm", ["--label_smoothing_factor", "1"], ["--label_smoothing_factor must be in [0, 1)"]),
+    ("pos-mlm", ["--vocab_size", "-5"], ["--vocab_size must be >= 16, got -5"]),
+    ("pos-mlm", ["--vocab_size", "abc"], ["--vocab_size", "invalid int value"]),
+    ("pos-mlm", ["--max_seq_length", "4"], ["--max_seq_length must be between 8 and 8192 tokens"]),
+    ("pos-mlm", ["--mlm_probability", "0"], ["--mlm_probability must be in (0, 1]", "nothing to learn"]),
+    ("pos-mlm", ["--mlm_probability", "nan"], ["--mlm_probability must be a finite number"]),
+    ("pos-mlm", ["--validation_split_percentage", "100"], ["--validation_split_percentage must be in [1, 99]"]),
+    ("pos-mlm", ["--max_train_samples", "0"], ["--max_train_samples must be a positive integer"]),
+    ("pos-mlm", ["--max_eval_samples", "-2"], ["--max_eval_samples must be a positive integer"]),
+    ("pos-mlm", ["--preprocessing_num_workers", "0"], ["--preprocessing_num_workers"]),
+    ("pos-mlm", ["--eval_masking_seed", "-1"], ["--eval_masking_seed must be >= 0"]),
+    ("pos-mlm", ["--tagger", "bogus"], ["--tagger", "invalid choice: 'bogus'"]),
+    ("pos-mlm", ["--masking", "foo"], ["--masking", "invalid choice: 'foo'"]),
+    ("pos-mlm", ["--model_size", "huge"], ["--model_size", "invalid choice: 'huge'"]),
+    ("pos-mlm", ["--weighting", "best"], ["--weighting", "invalid choice: 'best'"]),
+    ("pos-mlm", ["--task_sampling", "weights"], ["--task_sampling weights", "--masking per_example"]),
+    ("pos-mlm", ["--alpha", "inf"], ["--alpha must be a finite number > 0, got inf"]),
+    ("pos-mlm", ["--alpha", "-1"], ["--alpha must be > 0"]),
+    ("pos-mlm", ["--alpha", "nan"], ["--alpha must be a finite number"]),
+    ("pos-mlm", ["--weight_floor", "1"], ["--weight_floor must be in [0, 1)"]),
+    ("pos-mlm", ["--loss_ema", "-0.5"], ["--loss_ema must be in [0, 1)"]),
+    ("pos-mlm", ["--alpha_schedule", "linear"], ["--alpha_schedule", "invalid choice"]),
+    (
+        "pos-mlm",
+        ["--loss_normalization", "excess", "--reference_losses", "1", "nan", "2", "3", "4", "5", "6", "7", "8"],
+        ["--reference_losses must be a finite number, got nan"],
+    ),  # fmt: skip
+    ("pos-mlm", ["--loss_normalization", "excess"], ["reference_losses"]),
+    ("pos-mlm", ["--weighting", "group_dro", "--dro_step_size", "0"], ["--dro_step_size must be > 0"]),
+    ("pos-mlm", ["--weighting", "morbit", "--morbit_step_size", "inf"], ["--morbit_step_size must be a finite"]),
+    ("pos-mlm", ["--weighting", "dwa", "--dwa_window", "0"], ["--dwa_window must be a positive integer"]),
+    ("pos-mlm", ["--weighting", "dwa", "--dwa_temperature", "-2"], ["--dwa_temperature must be > 0"]),
+    ("pos-mlm", ["--weighting", "gradnorm", "--gradnorm_alpha", "-1"], ["--gradnorm_alpha must be >= 0"]),
+    ("pos-mlm", ["--weighting_learning_rate", "0"], ["--weighting_learning_rate must be > 0"]),
+    ("pos-mlm", ["--weighting", "average", "--alpha", "2"], ["alpha: not used by weighting='average'"]),
+    ("pos-mlm", ["--use_lora", "true", "--lora_r", "0"], ["--lora_r must be a positive integer"]),
+    ("pos-mlm", ["--lora_dropout", "1"], ["--lora_dropout must be in [0, 1)"]),
+    ("pos-mlm", ["--lora_alpha", "0"], ["--lora_alpha must be > 0"]),
+    ("pos-mlm", ["--use_lora", "maybe"], ["--use_lora"]),
+    ("pos-mlm", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "file.txt: is a file, not a directory"]),
+    ("pos-mlm", ["--output_dir", READ_ONLY], ["--output_dir", "is not writable"]),
+    ("pos-mlm", ["--train_file", "{tmp}/nowhere.txt"], ["--train_file", "nowhere.txt: no such file"]),
+    ("pos-mlm", ["--train_file", "{tmp}/nothing-*.txt"], ["--train_file", "no file matches"]),
+    ("pos-mlm", ["--train_file", "{tmp}"], ["--train_file", "is a directory, not a file"]),
+    ("pos-mlm", ["--validation_file", "{tmp}/nowhere.txt"], ["--validation_file", "no such file"]),
+    ("pos-mlm", ["--train_file", "{tmp}/bad.parquet"], ["--train_file", "bad.parquet is not a readable Parquet file"]),
+    ("pos-mlm", ["--train_file", "{tmp}/empty.txt"], ["--train_file", "empty.txt is empty"]),
+    ("pos-mlm", ["--train_file", "{tmp}/binary.txt"], ["--train_file", "binary.txt is not text"]),
+    ("pos-mlm", ["--model_name_or_path", "{tmp}/no-model"], ["--model_name_or_path", "no such checkpoint directory"]),
+    ("pos-mlm", ["--model_name_or_path", "{tmp}/file.txt"], ["--model_name_or_path", "is a file"]),
+    ("pos-mlm", ["--tokenizer_name", "{tmp}/no-tokenizer"], ["--tokenizer_name", "no such checkpoint directory"]),
+    ("pos-mlm", ["--task_spec", "{tmp}/no-spec.yaml"], ["--task_spec", "no-spec.yaml"]),
+    ("pos-mlm", ["--max_stepz", "3"], ["unknown option --max_stepz", "did you mean --max_steps?"]),
+    ("pos-mlm", ["--config", "{tmp}/typo.yaml"], ["--config", "typo.yaml", "'max_stepz' is not an option"]),
+    ("pos-mlm", ["--config", "{tmp}/no-config.yaml"], ["--config", "no-config.yaml"]),
+    (
+        "pos-mlm",
+        ["--per_device_train_batch_size", "0", "--learning_rate", "-1", "--alpha", "inf"],
+        ["--per_device_train_batch_size", "--learning_rate", "--alpha"],
+    ),  # fmt: skip
+    ("pos-mlm", ["--streaming", "true", "--max_steps", "-1"], ["--streaming needs --max_steps"]),
+    # multimae
+    ("multimae", ["--patch_size", "0"], ["--patch_size must be a positive integer, got 0"]),
+    ("multimae", ["--patch_size", "7"], ["--patch_size 7 does not divide --image_size"]),
+    ("multimae", ["--image_size", "-32"], ["--image_size must be a positive integer"]),
+    ("multimae", ["--image_folder", "{tmp}/nowhere"], ["--image_folder", "nowhere: no such directory"]),
+    ("multimae", ["--image_folder", "{tmp}/file.txt"], ["--image_folder", "is a file, not a directory"]),
+    ("multimae", ["--modalities", "rgb", "--num_semseg_classes", "1"], ["--num_semseg_classes must be >= 2"]),
+    ("multimae", ["--mask_alpha", "0"], ["--mask_alpha must be > 0"]),
+    ("multimae", ["--mask_alpha", "nan"], ["--mask_alpha must be a finite number"]),
+    ("multimae", ["--num_visible_tokens", "0"], ["--num_visible_tokens must be a positive integer"]),
+    ("multimae", ["--crop_scale", "0.2", "inf"], ["--crop_scale must be a finite number in (0, 1]"]),
+    ("multimae", ["--crop_scale", "0.9", "0.2"], ["--crop_scale", "give min then max"]),
+    ("multimae", ["--flip_probability", "1.5"], ["--flip_probability must be in [0, 1]"]),
+    ("multimae", ["--depth_scale", "0"], ["--depth_scale must be > 0"]),
+    ("multimae", ["--num_train_scenes", "0"], ["--num_train_scenes must be a positive integer"]),
+    ("multimae", ["--scene_size", "2"], ["--scene_size must be >= 8"]),
+    ("multimae", ["--model_size", "giant"], ["--model_size", "invalid choice"]),
+    ("multimae", ["--output_dir", READ_ONLY], ["--output_dir", "is not writable"]),
+    ("multimae", ["--num_reconstructions", "-1"], ["--num_reconstructions must be >= 0"]),
+    # compare
+    ("compare", ["--strategies", "minimax", "--baseline", "average"], ["--baseline average is not among the runs"]),
+    ("compare", ["--sweep", "alpha=abc"], ["--sweep alpha=abc: not a number"]),
+    ("compare", ["--sweep", "alpha=0.5,inf"], ["--sweep alpha=inf", "finite"]),
+    ("compare", ["--sweep", "alpha=-1"], ["--sweep alpha=-1", "must be > 0"]),
+    ("compare", ["--strategies", "dwa", "--sweep", "dwa_window=1.5"], ["--sweep dwa_window=1.5: not an integer"]),
+    ("compare", ["--sweep", "alpha"], ["--sweep must look like setting=v1,v2"]),
+    ("compare", ["--sweep", "alpah=1,2"], ["--sweep 'alpah' is a setting of none of the strategies"]),
+    ("compare", ["--strategies", "minmax"], ["unknown strategy 'minmax'"]),
+    ("compare", ["--seeds", "-1"], ["--seeds must be >= 0"]),
+    ("compare", ["--seeds", "one"], ["--seeds", "invalid int value"]),
+    ("compare", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
+    ("compare", ["--recipe", "gpt"], ["--recipe", "invalid choice"]),
+    # finetune-glue
+    ("finetune-glue", ["--model_name_or_path", "{mmae}"], ["--model_name_or_path", "(multimae) is not a text model"]),
+    ("finetune-glue", ["--learning_rate", "-0.00002"], ["--learning_rate must be > 0"]),
+    ("finetune-glue", ["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size"]),
+    ("finetune-glue", ["--max_seq_length", "0"], ["--max_seq_length must be a positive integer"]),
+    ("finetune-glue", ["--glue_dir", "{tmp}/no-glue"], ["--glue_dir", "no such directory"]),
+    ("finetune-glue", ["--use_lora", "true", "--lora_r", "0"], ["--lora_r must be a positive integer"]),
+    ("finetune-glue", ["--warmup_steps", "nan"], ["--warmup_steps must be a finite number"]),
+    ("finetune-glue", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
+    ("finetune-glue", [], ["--output_dir", "already holds files"]),
+    # finetune-dense
+    ("finetune-dense", ["--task", "segmentation"], ["--task", "invalid choice: 'segmentation'"]),
+    ("finetune-dense", ["--layer_decay", "0"], ["--layer_decay must be in (0, 1]"]),
+    ("finetune-dense", ["--image_folder", "{tmp}/nowhere"], ["--image_folder", "no such directory"]),
+    ("finetune-dense", ["--num_labels", "0"], ["--num_labels must be a positive integer"]),
+    ("finetune-dense", ["--max_depth", "-1"], ["--max_depth must be > 0"]),
+    ("finetune-dense", ["--flip_probability", "2"], ["--flip_probability must be in [0, 1]"]),
+    ("finetune-dense", ["--learning_rate", "inf"], ["--learning_rate must be a finite number"]),
+    ("finetune-dense", ["--model_name_or_path", "{tmp}/no-model"], ["--model_name_or_path", "no such checkpoint"]),
+    # suite
+    ("suite", ["--seeds", "-4"], ["--seeds must be >= 0"]),
+    ("suite", ["--learning_rate", "0"], ["--learning_rate must be > 0"]),
+    ("suite", ["--glue_dir", "{tmp}/no-glue"], ["--glue_dir", "no such directory"]),
+    ("suite", ["--per_device_train_batch_size", "zero"], ["--per_device_train_batch_size", "invalid int value"]),
+    ("suite", ["--output_dir", READ_ONLY], ["--output_dir", "is not writable"]),
+    # pseudo-label
+    ("pseudo-label", ["--batch_size", "0"], ["--batch_size must be a positive integer"]),
+    ("pseudo-label", ["--depth_scale", "-1"], ["--depth_scale must be > 0"]),
+    ("pseudo-label", ["--output_format", "zip"], ["--output_format", "invalid choice: 'zip'"]),
+    ("pseudo-label", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
+    ("pseudo-label", ["--depth_model", "{tmp}/no-model"], ["--depth_model", "no such checkpoint"]),
+    # export-vit
+    ("export-vit", [str(MINILM), "{tmp}/vit"], ["checkpoint", "is not an MM-MAE checkpoint"]),
+    ("export-vit", ["{mmae}", "{tmp}/file.txt"], ["output_dir", "is a file"]),
+    ("export-vit", ["{mmae}", "{tmp}/vit", "--modality", "foo"], ["--modality foo", "pixel modalities are rgb, depth"]),
+    ("export-vit", ["{mmae}", "{tmp}/vit", "--modality", "semseg"], ["--modality semseg"]),
+    ("export-vit", ["{tmp}/no-model", "{tmp}/vit"], ["checkpoint", "no such checkpoint directory"]),
+    ("export-vit", ["{mmae}"], ["output_dir"]),
+    # publish
+    ("publish", [str(MINILM), "--repo-id", "a/b/c"], ["--repo-id", "a/b/c"]),
+    ("publish", ["{tmp}/missing", "--repo-id", "user/model"], ["output_dir", "does not exist"]),
+    ("publish", ["{tmp}/file.txt", "--repo-id", "user/model"], ["output_dir", "is not a directory"]),
+    ("publish", ["{out}", "--repo-id", "user/model"], ["output_dir", "does not contain a saved model"]),
+    ("publish", [str(MINILM)], ["--repo-id"]),
+]
+
+
+def _tiny_tokenizer():
+    return AutoTokenizer.from_pretrained(MINILM)
+
+
+# (name, construction, exception type, fragment of its message)
+API_CASES: list[tuple[str, Callable[[Path], object], type[Exception], str]] = [
+    (
+        "alpha inf",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a"], alpha=math.inf),
+        ValueError,
+        "alpha must be a finite number > 0",
+    ),  # fmt: skip
+    (
+        "reference nan",
+        lambda tmp: MinimaxTrainingArguments(
+            str(tmp), task_names=["a", "b"], loss_normalization="excess", reference_losses=[1.0, math.nan]
+        ),
+        ValueError,
+        "reference_losses must be a finite number",
+    ),  # fmt: skip
+    (
+        "batch 0",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a"], per_device_train_batch_size=0),
+        ValueError,
+        "per_device_train_batch_size must be a positive integer",
+    ),  # fmt: skip
+    (
+        "accumulation 0",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a"], gradient_accumulation_steps=0),
+        ValueError,
+        "gradient_accumulation_steps",
+    ),  # fmt: skip
+    (
+        "lr nan",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a"], learning_rate=math.nan),
+        ValueError,
+        "learning_rate must be a finite number",
+    ),  # fmt: skip
+    ("lora r 0", lambda tmp: LoraArguments(lora_r=0), ValueError, "lora_r must be a positive integer"),
+    ("lora dropout", lambda tmp: LoraArguments(lora_dropout=math.inf), ValueError, "lora_dropout must be a finite"),
+    ("weighting nan", lambda tmp: build_weighting("minimax", 3, alpha=math.nan), ValueError, "alpha must be a finite"),
+    ("dro inf", lambda tmp: build_weighting("group_dro", 3, dro_step_size=math.inf), ValueError, "dro_step_size"),
+    ("ema nan", lambda tmp: build_weighting("minimax", 3, loss_ema=math.nan), ValueError, "loss_ema"),
+    (
+        "mlm collator nan",
+        lambda tmp: TaskGroupedMLMCollator(_tiny_tokenizer(), mlm_probability=math.nan),
+        ValueError,
+        "mlm_probability",
+    ),  # fmt: skip
+    (
+        "vision collator",
+        lambda tmp: ModalityMaskCollator(num_visible_tokens=0, patch_size=4),
+        ValueError,
+        "num_visible_tokens",
+    ),  # fmt: skip
+    (
+        "vision collator nan",
+        lambda tmp: ModalityMaskCollator(num_visible_tokens=4, patch_size=4, alpha=math.nan),
+        ValueError,
+        "alpha must be > 0",
+    ),  # fmt: skip
+    ("processor depth", lambda tmp: MultiMAEImageProcessor(depth_scale=math.inf), ValueError, "depth_scale"),
+    ("processor std", lambda tmp: MultiMAEImageProcessor(image_std=[1.0, math.nan, 1.0]), ValueError, "image_std"),
+    ("processor flip", lambda tmp: MultiMAEImageProcessor(flip_probability=2.0), ValueError, "flip_probability"),
+]
+
+
+@pytest.fixture(scope="module")
+def mmae_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("mmae")
+    MultiMAEForPreTraining(tiny_config()).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """The files the cases name; the output directory holds a user's file."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "file.txt").write_text("a file, not a directory\n")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    (tmp_path / "typo.yaml").write_text("max_stepz: 3\n")
+    write_texts(tmp_path / "train.txt", corpus_texts(24))
+    return tmp_path
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def _fill(token: str, tmp: Path, mmae: Path) -> str:
+    return token.format(tmp=tmp, out=tmp / "out", mmae=mmae)
+
+
+@pytest.mark.parametrize(
+    ("script", "options", "fragments"),
+    CONSOLE_CASES,
+    ids=[f"{script}:{' '.join(options)[:60]}" for script, options, _ in CONSOLE_CASES],
+)
+def test_console_refuses_bad_input(
+    script: str, options: list[str], fragments: list[str], workspace: Path, mmae_checkpoint: Path, capsys, monkeypatch
+) -> None:
+    main, prog, base = SCRIPTS[script]
+
+    def no_run(command, **kwargs):
+        raise AssertionError(f"a run was started: {command}")
+
+    monkeypatch.setattr(compare.subprocess, "run", no_run)
+    argv = [_fill(token, workspace, mmae_checkpoint) for token in [*base, *options]]
+    before = snapshot(workspace)
+    capsys.readouterr()
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "Traceback" not in err, err
+    lines = err.rstrip("\n").split("\n")
+    first = next(i for i, line in enumerate(lines) if line.startswith(f"{prog}: error: "))
+    message = lines[first:]
+    assert 1 <= len(message) <= 3 and all(line.startswith(f"{prog}: error: ") for line in message), err
+    text = " ".join(message)
+    for fragment in fragments:
+        assert _fill(fragment, workspace, mmae_checkpoint) in text, (fragment, text)
+    assert snapshot(workspace) == before
+
+
+@pytest.mark.parametrize(("name", "build", "error", "fragment"), API_CASES, ids=[case[0] for case in API_CASES])
+def test_api_objects_refuse_bad_values(
+    name: str, build: Callable[[Path], object], error: type[Exception], fragment: str, tmp_path: Path
+) -> None:
+    with pytest.raises(error, match=re.escape(fragment)):
+        build(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_matrix_is_large_enough() -> None:
+    scripts = {script for script, _, _ in CONSOLE_CASES}
+    assert scripts == set(SCRIPTS)
+    assert len(CONSOLE_CASES) + len(API_CASES) >= 80
