@@ -108,3 +108,45 @@ def test_hub_base_model_is_linked_and_in_the_metadata(tmp_path: Path) -> None:
     assert card.data.base_model == "someone/robust-bert" and card.data.datasets == ["nyu-mll/glue"]
     assert card.data.model_name == "robust-bert-sst2" and card.data.eval_results[0].metric_value == 0.9123
     assert "[`someone/robust-bert`](https://huggingface.co/someone/robust-bert)" in card.text
+
+
+def test_dense_card_states_task_metrics_protocol_and_data(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from transformers.trainer_utils import SchedulerType
+
+    from robust_pretrain.options import LoraArguments
+    from robust_pretrain.reporting.recipe_cards import dense_card_content
+
+    training_args = SimpleNamespace(
+        learning_rate=1e-4,
+        weight_decay=0.05,
+        lr_scheduler_type=SchedulerType("cosine"),
+        warmup_steps=0.05,
+        num_train_epochs=2.0,
+        max_steps=-1,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        seed=3,
+        world_size=2,
+        layer_decay=0.75,
+    )
+    content = dense_card_content(
+        SimpleNamespace(task="depth", model_name_or_path=str(tmp_path / "runs" / "mm-mae")),
+        SimpleNamespace(input_modalities=["rgb", "depth"]),
+        LoraArguments(),
+        training_args,
+        SimpleNamespace(description="the image folder `nyu` (splits train / test)"),
+        {"eval_delta1": 0.812345, "eval_abs_rel": 0.2, "eval_loss": 1.0},
+        12,
+        "predictions_depth.npz",
+    )
+    card = ModelCard.load(render_finetuning_card(tmp_path / "out", content))
+    assert {(r.metric_type, r.metric_value) for r in card.data.eval_results} == {("delta1", 0.8123), ("abs_rel", 0.2)}
+    assert card.data.eval_results[0].dataset_name == "the image folder `nyu`"
+    assert card.data.model_name == "mm-mae-depth" and card.data.tags == ["robust-pretrain", "depth-estimation"]
+    assert "(full fine-tuning; AdamW, layer-wise lr decay 0.75, warm-up then a cosine schedule)" in card.text
+    assert "Input: rgb + depth." in card.text and str(tmp_path) not in card.text
+    settings = settings_table(card.text)
+    assert settings["global_batch_size"] == "16" and settings["optimizer_steps"] == "12"  # 8 per process x 2
+    assert settings["lr_scheduler_type"] == "cosine" and settings["seed"] == "3"
