@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from glue_support import make_tiny_bert
 from huggingface_hub import ModelCard
 from ports import free_port
-from glue_support import make_tiny_bert
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation import glue_tasks, suite
