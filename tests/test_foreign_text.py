@@ -185,3 +185,10 @@ def test_task_word_counts_count_each_word_once(wordpiece_tokenizer):
     # words: The children played happily . | Unbelievably , 42 ! -> task words: 4 + 1
     assert task_word_counts(tagged) == (5, 9)
     assert task_word_counts(tagged, max_rows=1) == (4, 5)
+
+
+def test_a_huge_line_without_packing_is_truncated_like_its_start(wordpiece_tokenizer):
+    corpus = " ".join(t.replace("\n", " ") for t in load_ewt_corpus("train")["text"])
+    texts = [(corpus * 4)[:4_000_000], corpus[:20_000]]  # the first is read only as far as truncation needs
+    huge, start = tokenize_and_tag(Dataset.from_dict({"text": texts}), wordpiece_tokenizer, max_seq_length=128)
+    assert len(huge["input_ids"]) == 128 and huge == start

@@ -31,6 +31,10 @@ MAX_TEXT_CHARS = 2_000
 """With packing, longer texts are cut into pieces of at most this many characters at sentence ends (see
 :func:`~robust_pretrain.data.word_tokenizer.text_pieces`) before tokenizing and tagging: the memory a map batch
 needs stays bounded (a 20 MB line is no longer one example), and the pieces tag and pack like the whole text."""
+TRUNCATION_CHARS_PER_TOKEN = 64
+"""Without packing, a text is tokenized only up to ``64 * max_seq_length`` characters (at least
+:data:`MAX_TEXT_CHARS`, ending at a word or sentence end): truncation keeps fewer tokens than those in any text but
+one averaging over 64 characters per token."""
 _WHITESPACE = re.compile(r"\s")
 
 
@@ -76,6 +80,9 @@ class _TokenizeAndTag:
             if not isinstance(text, str):
                 raise TypeError(f"column {self.text_column!r} must hold strings; row {row} is {type(text).__name__}")
         whole = self.max_length is None
+        if not whole:  # the tokenizer would encode a whole huge text before truncating it
+            limit = max(MAX_TEXT_CHARS, TRUNCATION_CHARS_PER_TOKEN * self.max_length)
+            texts = [text_pieces(text, limit)[0] for text in texts]
         encoded = self.tokenizer(
             texts,
             add_special_tokens=not whole,
