@@ -230,3 +230,21 @@ def test_run_config_records_the_data_content(tmp_path: Path) -> None:
     write_texts(train, corpus_texts(4, offset=10))
     after = compare.run_settings(["--train_file", str(train)], cli)
     assert json.dumps(before) != json.dumps(after) and before["options"] == after["options"]
+
+
+def test_a_failed_attempt_does_not_block_its_corrected_rerun(tmp_path: Path) -> None:
+    """``run_config.json`` of an attempt that saved nothing (it failed or was refused) binds nothing; once the run
+    saved a checkpoint, other settings are refused. A user's own files are never touched."""
+    from robust_pretrain.output_dir import RUN_CONFIG_NAME, checkpoint_to_resume
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / RUN_CONFIG_NAME).write_text(json.dumps({"alpha": 1e9, "max_steps": 4}))
+    assert checkpoint_to_resume(out, {"alpha": 1.0, "max_steps": 4}, overwrite=False) is None
+    (out / "checkpoint-2").mkdir()
+    (out / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    with pytest.raises(UsageError, match=r"holds a run with other settings \(alpha: 1000000000.0 -> 1.0\)"):
+        checkpoint_to_resume(out, {"alpha": 1.0, "max_steps": 4}, overwrite=False)
+    assert checkpoint_to_resume(out, {"alpha": 1e9, "max_steps": 4}, overwrite=False) == str(out / "checkpoint-2")
+    assert (out / "notes.txt").read_text() == "mine"
