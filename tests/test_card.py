@@ -176,6 +176,7 @@ def test_card_source_round_trips(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_recipe_card_states_the_runs_settings(pretrained_run) -> None:  # noqa: F811
     """Every row of the settings table equals what the run recorded: run_config.json, the saved TrainingArguments
     (training_args.bin) or trainer_state.json."""

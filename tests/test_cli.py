@@ -186,6 +186,7 @@ def test_hub_ids_offline_must_be_in_the_cache(tmp_path: Path, monkeypatch) -> No
     check_checkpoint("other-user/other-model")
 
 
+@pytest.mark.slow
 def test_recipe_script_exit_status(tmp_path: Path) -> None:
     """``recipes/pretrain_pos_mlm.py`` as a user runs it: status 2, the message, no traceback."""
     command = [sys.executable, str(RECIPES / "pretrain_pos_mlm.py"), "--config", str(DEMO_CONFIG)]

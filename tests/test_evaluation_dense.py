@@ -83,6 +83,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_dense_suite_end_to_end(tmp_path: Path) -> None:
     pretrained = pretrain(tmp_path / "pretrained")
     baseline = tmp_path / "random-init"

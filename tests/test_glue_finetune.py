@@ -140,6 +140,7 @@ def test_missing_checkpoint(
     assert "Traceback" not in error
 
 
+@pytest.mark.slow
 def test_refuses_an_earlier_runs_output_dir(tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run(tiny_bert, "rte", shared_data / "glue", out, "--save_strategy", "steps", "--save_steps", "1")

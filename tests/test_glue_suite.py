@@ -306,6 +306,7 @@ def test_limited_runs_are_recorded_in_cards_and_tables(
     assert cell["limits"] == {"max_eval_samples": 64, "max_steps": 10}
 
 
+@pytest.mark.slow
 def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
     first, second = make_tiny_bert(tmp_path / "tiny-a", seed=0), make_tiny_bert(tmp_path / "tiny-b", seed=1)

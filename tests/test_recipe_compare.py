@@ -61,6 +61,7 @@ def cell(values: list[float]) -> str:
     return f"{mean:.4f} ± {std:.4f}"
 
 
+@pytest.mark.slow
 def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[list[str]], capsys) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -200,6 +201,7 @@ def test_bad_arguments(tmp_path: Path, monkeypatch, capsys, args: list[str], mes
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_changed_settings_are_not_reused(tmp_path: Path, recipe_calls: list[list[str]], capsys) -> None:
     """A run is reused only with the same settings: a larger max_steps extends it, other data content is refused."""
     train = write_texts(tmp_path / "train.txt", corpus_texts(32))

@@ -77,6 +77,7 @@ def pushed_run(tmp_path_factory) -> tuple[Path, dict[str, bytes], str, dict[str,
     return output_dir, files, repo_id, from_hub
 
 
+@pytest.mark.slow
 def test_outputs_load_without_remote_code(pushed_run) -> None:
     from transformers import AutoImageProcessor, AutoModelForPreTraining
 
@@ -161,6 +162,7 @@ def test_resume_refuses_other_settings(pushed_run) -> None:
 # ------------------------------------------------------------------------------------------ 2. two processes
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -> None:
     """2 gloo processes x 2 images per step compute what 1 process x 4 images computes: same crops and masks (keyed
     by image id), per-task losses pooled exactly over processes; the parameters agree to float rounding."""
@@ -189,6 +191,7 @@ def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path: Path) -
 
 
 # ------------------------------------------------------------------------------------ 3. SIGKILL and rerun
+@pytest.mark.slow
 def test_killed_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     """12 scenes in batches of 4: 3 steps per epoch, so the kill lands in the second epoch (new crops and masks) and
     the rerun resumes mid-run; its parameters are bit-identical to an uninterrupted run's."""

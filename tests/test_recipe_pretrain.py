@@ -479,6 +479,7 @@ def test_data_without_task_words_fails_before_training(tmp_path: Path, text: str
     assert not output_dir.exists()
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path: Path, small_files) -> None:
     """A recipe process killed (SIGKILL) mid-training resumes from its newest complete checkpoint when the same
     command is run again."""
@@ -616,6 +617,7 @@ def test_lora_adapter_reproduces_the_trained_mlm(lora_run: Path) -> None:
 # ----------------------------------------------------------------------------------------- 4. two processes
 
 
+@pytest.mark.slow
 def test_two_processes(tmp_path: Path, small_files) -> None:
     output_dir = tmp_path / "ddp"
     env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

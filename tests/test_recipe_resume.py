@@ -58,6 +58,7 @@ def _train_loss(output_dir: Path) -> float:
     return json.loads((output_dir / "train_results.json").read_text())["train_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], TASK_SAMPLING], ids=["per_token", "task_sampling"])
 def test_killed_and_rerun_recipe_matches_an_uninterrupted_run(tmp_path: Path, extra: list[str]) -> None:
     train_file = tmp_path / "train.txt"

@@ -64,6 +64,7 @@ def ddp_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_fsdp2_sharded_training_equals_ddp(ddp_run, tmp_path):
     fsdp = tmp_path / "fsdp2"
     torchrun(fsdp, *COMMON, "--fsdp2", port=free_port())
@@ -98,6 +99,7 @@ def test_fsdp2_sharded_training_equals_ddp(ddp_run, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_fsdp2_resume_from_sharded_checkpoint_after_sigkill_equals_ddp(ddp_run, tmp_path):
     out = tmp_path / "killed"
     crashed = torchrun(out, *COMMON, "--fsdp2", "--kill_after_save", "2", port=free_port(), check=False)
@@ -108,6 +110,7 @@ def test_fsdp2_resume_from_sharded_checkpoint_after_sigkill_equals_ddp(ddp_run, 
     assert weights_difference(out / "weights-rank0.json", ddp_run / "weights-rank0.json", skip=2) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_learnable_weighting_under_fsdp2_is_refused_with_the_reason(tmp_path):
     result = torchrun(
         tmp_path / "gradnorm", *COMMON, "--fsdp2", "--weighting", "gradnorm", port=free_port(), check=False
@@ -117,6 +120,7 @@ def test_learnable_weighting_under_fsdp2_is_refused_with_the_reason(tmp_path):
     assert "DTensor" in result.stderr and "Train it with DDP" in result.stderr
 
 
+@pytest.mark.slow
 def test_fsdp_config_on_cpu_runs_ddp_and_says_so(tmp_path):
     """The shipped fsdp2.yaml with use_cpu: Accelerate runs DDP; the trainer warns instead of pretending."""
     config = yaml.safe_load((CONFIGS / "fsdp2.yaml").read_text())
@@ -144,6 +148,7 @@ def test_fsdp_config_on_cpu_runs_ddp_and_says_so(tmp_path):
     assert "nothing is sharded" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="GPU-only: Accelerate's FSDP path needs 2 CUDA devices (none here)"
 )

@@ -59,6 +59,7 @@ def env_for(home: Path) -> dict[str, str]:
     return checkout_env(OMP_NUM_THREADS="1", HF_HOME=str(home), HF_DATASETS_CACHE=str(home / "datasets"))
 
 
+@pytest.mark.slow
 def test_two_nodes_of_one_process_equal_one_node_of_two(tmp_path, data):
     single = tmp_path / "one-node"
     result = subprocess.run(

@@ -92,6 +92,7 @@ def run_two_processes(out: Path, *args: str, port: int) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_torch_compile_under_ddp_stays_within_the_recompile_limit_and_matches_eager(tmp_path):
     common = ["--num_examples", "64", "--batch_size", "2", "--max_steps", "16"]  # ~10 targets, a new count each step
     run_two_processes(tmp_path / "compiled", *common, "--compile_backend", "eager", port=free_port())

@@ -296,6 +296,7 @@ def test_iterable_training_data_is_refused(tmp_path):
         callback.on_train_begin(args, None, None, train_dataloader=torch.utils.data.DataLoader(iterable))
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     env = checkout_env(OMP_NUM_THREADS="1")
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]

@@ -186,6 +186,7 @@ def test_ddp_two_processes_match_one_process_with_the_concatenated_batch(tmp_pat
     assert first["loss"] == pytest.approx(float(torch.tensor(weights[0][0]) @ means), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     common = [
         "--num_examples",

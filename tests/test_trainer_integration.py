@@ -134,6 +134,7 @@ def test_compute_metrics_gets_predictions_in_label_layout_with_the_sparse_head(t
     assert metrics["eval_accuracy"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_two_process_evaluation_of_an_uneven_set_equals_one_process(tmp_path):
     """5 examples, 2 processes x batch 2: the sampler repeats 3 examples to fill the last batches; they never count."""
     env = checkout_env()

@@ -248,6 +248,7 @@ def test_vit_checkpoint_fine_tunes_for_classification(checkpoint: Path, tmp_path
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_evaluate_like_one(checkpoint: Path, tmp_path: Path) -> None:
     """torchrun, 2 processes: every eval image is scored once (5 images, uneven shards), the main process writes;
     the saved model evaluated by one process gives the same predictions and scores."""

@@ -225,6 +225,7 @@ def test_non_multimae_checkpoint_is_refused(tmp_path):
         MultiMAEForPreTraining.from_pretrained(tmp_path)
 
 
+@pytest.mark.slow
 def test_auto_classes_load_the_checkpoint_in_a_fresh_interpreter(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path)
@@ -261,6 +262,7 @@ def test_auto_classes_load_the_checkpoint_in_a_fresh_interpreter(tmp_path):
     assert report["losses"] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_registration_is_lazy_and_independent_of_import_order():
     light = "import sys, robust_pretrain; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     transformers_first = (
@@ -352,6 +354,7 @@ def test_minimax_trainer_trains_multimae_and_logs_task_losses(modalities, tmp_pa
         assert ("task_loss/depth" in entry) == ("depth" in modalities)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_with_a_modality_absent_on_one_rank(tmp_path):
     """A batch without depth on one process and with depth on the other: DDP still syncs every parameter, the depth
     task is present for the step (its loss logged, its weight > 0) and both processes agree."""

@@ -168,6 +168,7 @@ def test_batch_call_returns_stacked_tensors():
     assert single["rgb"].shape == (1, 3, OUT, OUT) and isinstance(single["rgb"], np.ndarray)
 
 
+@pytest.mark.slow
 def test_saved_as_preprocessor_config_and_loaded_by_auto_class(tmp_path):
     processor = MultiMAEImageProcessor(
         size={"height": 32, "width": 48}, crop_scale=(0.3, 0.9), depth_scale=5000, num_classes=13, ignore_index=0
