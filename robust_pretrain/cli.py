@@ -1,14 +1,13 @@
-"""What every console entry point shares: expected user errors end with one paragraph and exit status 2.
+"""What every console entry point shares: expected user errors end with one line per problem and exit status 2.
 
     def main(argv: list[str] | None = None) -> int:
         return run_console(run, argv, prog="robust-pretrain-pos-mlm")
 
 ``run(argv)`` raises :class:`UsageError` (a ``ValueError``) for a bad option, file or checkpoint, naming it; the
-console prints ``<prog>: error: <message>`` (one line per problem) and returns 2.
-Parsers derive from :class:`ConsoleArgumentParser`, whose argparse errors are such an error too (one line, no usage).
-Anything else is a bug and keeps its traceback. The
-traceback of an expected error too is shown with ``--traceback`` on the command line or
-``ROBUST_PRETRAIN_TRACEBACK=1`` in the environment.
+console prints ``<prog>: error: <message>`` (one line per problem) and returns 2. Parsers derive from
+:class:`ConsoleArgumentParser`, whose argparse errors are such an error too (one line, no usage). Anything else is a
+bug and keeps its traceback. The traceback of an expected error too is shown with ``--traceback`` on the command line
+or ``ROBUST_PRETRAIN_TRACEBACK=1`` in the environment.
 """
 
 from __future__ import annotations

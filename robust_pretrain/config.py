@@ -13,17 +13,14 @@ from typing import Any
 import yaml
 from transformers import HfArgumentParser
 
-from robust_pretrain.cli import UsageError, refuse
+from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse
 from robust_pretrain.configs import resolve_config
 from robust_pretrain.options import option_problems
 
 
-class OptionParser(HfArgumentParser):
+class OptionParser(HfArgumentParser, ConsoleArgumentParser):
     """``HfArgumentParser`` whose argparse errors (bad type or choice, missing option) are one line naming the option
     and what it accepts (a :class:`~robust_pretrain.cli.UsageError`), not the whole usage."""
-
-    def error(self, message: str):
-        raise UsageError(message)
 
 
 def option_names(parser: argparse.ArgumentParser) -> set[str]:
@@ -63,8 +60,10 @@ def parse_with_config(parser: HfArgumentParser, argv: list[str] | None = None) -
     """Parse dataclasses from ``--config FILE`` (optional) followed by command-line options, which take precedence.
 
     Config values are turned into command-line tokens, so they get exactly the same type conversion and
-    validation as options typed on the command line; unknown names and values a dataclass refuses raise
-    :class:`~robust_pretrain.cli.UsageError` naming them.
+    validation as options typed on the command line. Before any dataclass is built, every value is checked against
+    its declaration (:func:`~robust_pretrain.options.option_problems`: finite, in range, among the choices, a path
+    of the right kind); a key of the config file that is no option, unknown options and every refused value are
+    reported together as one :class:`~robust_pretrain.cli.UsageError`, one line each.
     """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)

@@ -19,7 +19,7 @@ import glob
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,9 @@ class OptionHelp(str):
         help = super().__new__(cls, text)
         help.accepted = accepted
         return help
+
+    def __reduce__(self) -> tuple:
+        return OptionHelp, (str(self), self.accepted)
 
 
 def option(
@@ -202,13 +205,10 @@ def option_problems(cls: type, values: Mapping[str, Any], *, style: str = "cli",
     ]
 
 
-def check_options(instance: Any, names: Iterable[str] | None = None) -> None:
-    """Raise one ``ValueError`` naming every field of the dataclass ``instance`` (or only ``names``) whose value its
-    declaration does not accept; paths are not checked (a Python object may name a path that is created later)."""
-    wanted = None if names is None else set(names)
-    values = {
-        f.name: getattr(instance, f.name) for f in dataclasses.fields(instance) if wanted is None or f.name in wanted
-    }
+def check_options(instance: Any) -> None:
+    """Raise one ``ValueError`` naming every field of the dataclass ``instance`` whose value its declaration does not
+    accept; paths are not checked (a Python object may name a path that is created later)."""
+    values = {each.name: getattr(instance, each.name) for each in dataclasses.fields(instance)}
     problems = option_problems(type(instance), values, style="api", check_paths=False)
     if problems:
         raise ValueError("\n".join(problems))
