@@ -34,6 +34,24 @@ def target_task_ids(labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int
     return mask, ids
 
 
+def next_token_targets(
+    labels: torch.Tensor, task_ids: torch.Tensor, shift_labels: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The targets of a causal LM's logits, position by position, and their task ids, as ``ForCausalLMLoss`` takes
+    them: ``labels`` padded with ``-100`` on the right and shifted left by one (position i predicts token i + 1).
+
+    Token-level ``task_ids`` (the shape of ``labels``) are shifted with the labels, so a target's task is the task of
+    the predicted token; example-level ids (``[batch]``) stay as they are. ``shift_labels`` (already shifted targets,
+    e.g. from a padding-free collator) are taken as given, with ``task_ids`` aligned with them.
+    """
+    if shift_labels is not None:
+        return shift_labels, task_ids
+    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    if task_ids.shape == labels.shape:
+        task_ids = F.pad(task_ids, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    return shifted, task_ids
+
+
 def per_target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Unreduced loss of each target in fp32: cross-entropy for class labels, squared error for float labels.
 

@@ -25,6 +25,10 @@ Resuming checks that the weighting is built with the options saved in the checkp
 that differ). In a distributed run the default process group is destroyed at interpreter exit (gloo's worker threads
 otherwise abort the finished process: ``terminate called without an active exception``).
 
+A causal LM (see :func:`is_causal_lm`) is trained on next-token targets, shifted exactly as its own loss shifts them
+(``labels`` padded with -100 and shifted left, or the batch's ``shift_labels``); token-level ``task_ids`` are shifted
+with the labels, so each target counts for the task of the predicted token. Its eval metrics add per-task perplexities.
+
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``
 is refused (return ``task_losses`` from the model instead). In distributed evaluation the repeats the sampler adds to
 complete the last batch are left out of the per-task eval losses, which therefore equal the 1-process values.
@@ -38,19 +42,22 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 import transformers
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, extract_model_from_parallel
 from transformers import Trainer, TrainerCallback
+from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
 from .seeding import SetEpochCallback
-from .task_losses import TargetPositionsHead, per_target_losses, reduce_by_task, target_task_ids
+from .task_losses import TargetPositionsHead, next_token_targets, per_target_losses, reduce_by_task, target_task_ids
 from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
 
@@ -58,7 +65,7 @@ logger = logging.get_logger(__name__)
 
 WEIGHTING_STATE_NAME = "weighting_state.json"
 #: batch columns kept whatever the model's ``forward`` accepts (``labels`` go with ``task_ids``, never to the model)
-TASK_COLUMNS = ("labels", "task_ids", "token_task_ids", "word_ids", "special_tokens_mask")
+TASK_COLUMNS = ("labels", "shift_labels", "task_ids", "token_task_ids", "word_ids", "special_tokens_mask")
 
 
 class MinimaxTrainer(Trainer):
@@ -70,7 +77,9 @@ class MinimaxTrainer(Trainer):
     processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
     micro-batch (with accumulation, a task missing from it gets no weight in that step, and ``step_weights`` holds the
     effective weights ``k_t / GA * w_t``, see the module docstring). Pass ``weighting=`` to use a strategy instance
-    instead of the one the arguments describe.
+    instead of the one the arguments describe. A causal LM (:func:`is_causal_lm`) learns next-token targets: labels
+    are shifted as its own loss shifts them, token-level ``task_ids`` with them (a target's task is the predicted
+    token's).
     """
 
     # compute_loss normalises by the whole step's global per-task counts: the Trainer must not divide again.
@@ -98,7 +107,10 @@ class MinimaxTrainer(Trainer):
         self.weighting = (weighting or self.args.build_weighting()).to(self.args.device)
         if self.weighting.num_tasks != self.num_tasks:
             raise ValueError(f"weighting has {self.weighting.num_tasks} tasks, task_names has {self.num_tasks}")
-        self.mlm_head = TargetPositionsHead.attach(self.model) if self.args.sparse_mlm_head else None
+        #: next-token targets: the labels (and token-level task ids) are shifted as the model's own loss shifts them
+        self.causal_lm = is_causal_lm(self.model)
+        sparse_head = self.args.sparse_mlm_head and not self.causal_lm
+        self.mlm_head = TargetPositionsHead.attach(self.model) if sparse_head else None
         #: the weights of the step's objective over the union of its batches (as logged and checkpointed)
         self.step_weights = torch.zeros(self.num_tasks)
         self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
@@ -155,7 +167,7 @@ class MinimaxTrainer(Trainer):
         counts = torch.zeros(self.num_tasks, device=device)
         with_ids = [b for b in batch_samples if "task_ids" in b and "labels" in b]
         for batch in with_ids:
-            _, ids = target_task_ids(batch["labels"], batch["task_ids"], self.num_tasks)
+            _, ids = target_task_ids(*self._targets(batch), self.num_tasks)
             counts += torch.bincount(ids.to(device), minlength=self.num_tasks).float()
         self._step_counts = self._all_reduce(counts) if with_ids else None
         self._micro_index = 0
@@ -215,7 +227,9 @@ class MinimaxTrainer(Trainer):
             return (*self._sums_from_dict(task_losses, outputs.get("task_counts")), outputs)
         if "labels" not in inputs:
             raise ValueError("batch has `task_ids` but no `labels`")
-        labels = inputs.pop("labels")
+        labels, task_ids = self._targets({**inputs, "task_ids": task_ids})
+        for column in ("labels", "shift_labels"):  # targets never go to the model
+            inputs.pop(column, None)
         mask, ids = target_task_ids(labels, task_ids, self.num_tasks)
         sparse = (
             self.mlm_head is not None
@@ -232,6 +246,14 @@ class MinimaxTrainer(Trainer):
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         sums, counts = reduce_by_task(per_target_losses(logits, labels[mask], smoothing), ids, self.num_tasks)
         return sums, counts, outputs
+
+    def _targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's targets in the layout of the logits, and their task ids (next-token targets for a causal LM)."""
+        if not self.causal_lm:
+            if "shift_labels" in batch:
+                raise ValueError("batch has `shift_labels`, which only a causal LM's next-token loss uses")
+            return batch["labels"], batch["task_ids"]
+        return next_token_targets(batch["labels"], batch["task_ids"], batch.get("shift_labels"))
 
     def _sums_from_dict(
         self, task_losses: dict[str, torch.Tensor], task_counts: dict[str, Any] | None
@@ -350,13 +372,17 @@ class MinimaxTrainer(Trainer):
         return output
 
     def task_metrics(self, pooled: torch.Tensor, prefix: str) -> dict[str, float]:
-        """``{prefix}_task_loss/<name>``, ``{prefix}_mean_task_loss`` and ``{prefix}_worst_task_loss``."""
+        """``{prefix}_task_loss/<name>``, ``{prefix}_mean_task_loss`` and ``{prefix}_worst_task_loss``; for a causal LM
+        also ``{prefix}_task_perplexity/<name>`` and ``{prefix}_worst_task_perplexity`` (exp of the mean token loss)."""
         sums, counts = pooled[: self.num_tasks], pooled[self.num_tasks :]
         losses = {name: float(sums[i] / counts[i]) for i, name in enumerate(self.task_names) if counts[i] > 0}
         metrics = {f"{prefix}_task_loss/{name}": value for name, value in losses.items()}
         if losses:
             metrics[f"{prefix}_mean_task_loss"] = sum(losses.values()) / len(losses)
             metrics[f"{prefix}_worst_task_loss"] = max(losses.values())
+        if losses and self.causal_lm:
+            metrics.update({f"{prefix}_task_perplexity/{name}": perplexity(loss) for name, loss in losses.items()})
+            metrics[f"{prefix}_worst_task_perplexity"] = perplexity(max(losses.values()))
         return metrics
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -509,6 +535,29 @@ class _LearnableWeightsCallback(TrainerCallback):
     def on_optimizer_step(self, args, state, control, **kwargs):
         for param in self.trainer.weighting.parameters():
             param.grad = None
+
+
+def is_causal_lm(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s own loss shifts its labels (next-token prediction), decided as transformers decides it: a
+    class (or base class) in the ``AutoModelForCausalLM`` mapping (the Trainer's label-smoothing rule) or a
+    ``loss_type`` whose loss is ``ForCausalLMLoss`` (its ``num_items_in_batch`` rule), and not an encoder-decoder.
+
+    Looks through DDP/FSDP/DeepSpeed/compile wrappers and peft (``get_base_model``). A custom causal model outside the
+    mapping declares itself with ``model.loss_type = "ForCausalLM"``.
+    """
+    model = extract_model_from_parallel(model, keep_torch_compile=False)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    causal_names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    in_mapping = any(cls.__name__ in causal_names for cls in type(model).__mro__)
+    return in_mapping or LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)``, ``inf`` where it overflows a float."""
+    return math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf
 
 
 def batch_size(inputs: dict[str, Any]) -> int:

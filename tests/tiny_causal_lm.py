@@ -1,0 +1,161 @@
+"""Tiny decoder LMs and domain-tagged sequences for the causal-LM tests, in-process or as a script (torchrun).
+
+As a script it trains ``tiny_llama`` one step with ``MinimaxTrainer`` on ``domain_examples(8)`` and writes, into
+``--out``, ``grads-rank<r>.safetensors``: the first step's gradients (averaged over processes), before the optimizer
+step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from datasets import Dataset
+from safetensors.torch import save_file
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Trainer,
+    TrainerCallback,
+)
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+
+DOMAINS = ["news", "code", "web"]
+VOCAB, SEQ = 128, 16
+
+
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    return GPT2LMHeadModel(config)
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=SEQ,
+    )
+    return LlamaForCausalLM(config)
+
+
+def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=SEQ,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def domain_examples(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``n`` sequences, each of one domain (example-level ``task_ids``), every other one right-padded.
+
+    Domain 0 repeats a short cycle of tokens (easy to predict), domain 1 draws from a quarter of the vocabulary,
+    domain 2 from all of it (hardest). Padding has attention mask 0 and label -100.
+    """
+    g = torch.Generator().manual_seed(seed)
+    task_ids = torch.arange(n) % len(DOMAINS)
+    start = torch.randint(1, VOCAB - 4, (n, 1), generator=g)
+    cycle = start + torch.arange(SEQ) % 4
+    narrow = torch.randint(1, VOCAB // 4, (n, SEQ), generator=g)
+    wide = torch.randint(1, VOCAB, (n, SEQ), generator=g)
+    input_ids = torch.where(task_ids[:, None] == 0, cycle, torch.where(task_ids[:, None] == 1, narrow, wide))
+    lengths = torch.where(torch.arange(n) % 2 == 1, torch.randint(3, SEQ, (n,), generator=g), SEQ)
+    attention_mask = (torch.arange(SEQ) < lengths[:, None]).long()
+    return {
+        "input_ids": torch.where(attention_mask.bool(), input_ids, 0),
+        "attention_mask": attention_mask,
+        "labels": torch.where(attention_mask.bool(), input_ids, -100),
+        "task_ids": task_ids,
+    }
+
+
+def as_dataset(examples: dict[str, torch.Tensor]) -> Dataset:
+    return Dataset.from_dict({k: v.tolist() for k, v in examples.items()})
+
+
+def make_args(output_dir: str, **overrides) -> MinimaxTrainingArguments:
+    options = dict(
+        output_dir=output_dir,
+        task_names=DOMAINS,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        learning_rate=1e-3,
+        max_grad_norm=0.0,
+        report_to=[],
+        use_cpu=True,
+        seed=7,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
+    options.update(overrides)
+    return MinimaxTrainingArguments(**options)
+
+
+class GradRecorder(TrainerCallback):
+    """The first optimizer step's gradients (after the DDP all-reduce), by parameter name of the unwrapped model."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.grads: dict[str, torch.Tensor] | None = None
+        trainer.add_callback(self)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.grads is None:
+            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+            self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def minimax_grads(model: PreTrainedModel, args: MinimaxTrainingArguments, examples: dict) -> dict[str, torch.Tensor]:
+    trainer = MinimaxTrainer(model=model, args=args, train_dataset=as_dataset(examples))
+    recorder = GradRecorder(trainer)
+    trainer.train()
+    return recorder.grads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--grad_accum", type=int, default=1)
+    parser.add_argument("--weighting", default="proportional")
+    cli = parser.parse_args()
+    args = make_args(
+        cli.out,
+        weighting=cli.weighting,
+        per_device_train_batch_size=cli.batch_size,
+        gradient_accumulation_steps=cli.grad_accum,
+        data_seed=7,
+    )
+    grads = minimax_grads(tiny_llama(), args, domain_examples(8))
+    os.makedirs(cli.out, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in grads.items()},
+        os.path.join(cli.out, f"grads-rank{args.process_index}.safetensors"),
+    )
+
+
+if __name__ == "__main__":
+    main()
