@@ -249,7 +249,7 @@ def test_lower_is_better_tasks_and_bad_selections(
         suite.SuiteArguments(checkpoints=["a"], family="toy-dense", tasks=["depth", "semseg"])
     with pytest.raises(ValueError, match="Unknown toy-dense task 'rte'; expected one of: semseg, classification"):
         suite.SuiteArguments(checkpoints=["a"], family="toy-dense", tasks=["rte"])
-    with pytest.raises(ValueError, match="Unknown or malformed options: \\['--glue_dir'"):
+    with pytest.raises(ValueError, match="unknown option --glue_dir"):
         suite.run(_argv(toy_checkpoints, tmp_path / "bad", "--glue_dir", "x"))
     with pytest.raises(FileNotFoundError, match="no encoder.pt"):
         suite.run(["--family", "toy-dense", "--checkpoints", str(tmp_path), "--output_dir", str(tmp_path / "bad")])

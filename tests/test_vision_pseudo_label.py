@@ -224,7 +224,7 @@ def test_the_pipelines_accept_ready_objects(tiny_models):
     ("arguments", "message"),
     [
         ([], "give --depth_model and/or --segmentation_model"),
-        (["--depth_model", "DEPTH", "--output_format", "zip"], "--output_format must be one of"),
+        (["--depth_model", "DEPTH", "--output_format", "zip"], "--output-format: invalid choice: 'zip'"),
         (["--depth_model", "./no/such/model"], "--depth_model ./no/such/model: no such checkpoint directory"),
         (["--depth_model", "DEPTH", "--rgb_column", "photo"], "no column 'photo' (mapped to rgb)"),
     ],
