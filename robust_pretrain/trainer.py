@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import json
 import math
 import os
@@ -501,8 +502,12 @@ def register_process_group_teardown() -> None:
     """Destroy the default process group, if one is alive, at interpreter exit (whoever created it, e.g. Accelerate
     for the Trainer's arguments). ``MinimaxTrainer`` registers it; scripts training with the plain ``Trainer`` call it.
 
-    Left alive, gloo's worker threads can still hold work with Python tensors while the interpreter finalises, and the
-    finished process aborts (``terminate called without an active exception``, exit -6): torchrun reports a failure.
+    Left alive, a gloo worker thread may still be releasing its last work (which holds Python tensors) when the
+    interpreter finalises; it cannot take the GIL then, and the finished process aborts (``terminate called without an
+    active exception``, exit -6): torchrun reports a failure. Destroying the group unregisters it, and a garbage
+    collection then frees the objects that still hold it (the trainer's reference cycles: DDP reducer, FSDP2 device
+    mesh) while the interpreter is alive, so the group's threads are joined before finalisation. A trainer kept in a
+    module-level variable keeps its group alive until finalisation: ``del`` it at the end of such a script.
     """
     atexit.register(_destroy_process_group)
 
@@ -510,6 +515,7 @@ def register_process_group_teardown() -> None:
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+        gc.collect()
 
 
 class _LogLastStepCallback(TrainerCallback):
