@@ -4,7 +4,6 @@ cards (suite directory by default, never foreign or read-only checkpoints), limi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import yaml
 from glue_support import make_tiny_bert
 from huggingface_hub import ModelCard
 from ports import free_port
+from processes import checkout_env
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.evaluation import glue_tasks, suite
@@ -361,7 +361,7 @@ def test_two_processes_run_each_cell_once_and_resume(tmp_path: Path, shared_data
     argv = ["--checkpoints", str(tiny), "--tasks", "rte", "--seeds", "3", "--glue_dir", str(shared_data / "glue"),
             "--max_train_samples", "16", "--max_eval_samples", "21", "--per_device_eval_batch_size", "4",
             "--max_steps", "1", "--disable_tqdm", "true", "--output_dir", str(tmp_path / "suite")]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     subprocess.run([*launch, str(recipe), *argv], check=True, env=env, timeout=600)
     cell_file = next((tmp_path / "suite" / "cells").glob("tiny-*/rte/seed3/cell.json"))
     cell = json.loads(cell_file.read_text())
@@ -380,7 +380,7 @@ def test_every_process_checks_the_prediction_files_after_the_main_process_wrote_
     """The main process writes a cell's prediction files; the others must not look for them before it has."""
     worker = Path(__file__).with_name("suite_cell_worker.py")
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     done = subprocess.run([*launch, str(worker), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(path.read_text().strip() for path in tmp_path.glob("rank*.txt")) == [

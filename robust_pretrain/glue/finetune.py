@@ -36,6 +36,7 @@ from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import claim_for_new_run
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.recipe_cards import glue_card_content
+from robust_pretrain.trainer import register_process_group_teardown
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 
 logger = logging.getLogger(__name__)
@@ -264,6 +265,7 @@ def run_finetune(
     model = _load_model(run_args, lora_args, spec, data_args.cache_dir)
     encoded = _prepare(splits, spec, tokenizer, max_length, data_args)
 
+    register_process_group_teardown()  # a finished torchrun process must not abort at exit
     trainer = Trainer(
         model=model,
         args=training_args,
