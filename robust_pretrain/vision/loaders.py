@@ -25,16 +25,20 @@ logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 TARGET_COLUMNS = (*MODALITIES, "id", "label")
+# What to do with an example missing from some modality folder: refuse, drop it, or keep it with that modality absent.
+UNMATCHED_MODES = ("error", "drop", "partial")
 
 
 class UnmatchedStemsError(ValueError):
     """Files of a folder layout whose stem is missing from another modality's folder."""
 
     def __init__(self, split_dir: Path, unmatched: Mapping[str, list[str]]) -> None:
+        self.split_dir = split_dir
         self.unmatched = dict(unmatched)
         super().__init__(
-            f"{split_dir}: {describe_unmatched(unmatched)}; add the missing files, remove these, or "
-            "pass unmatched='drop' to keep only complete examples"
+            f"{split_dir}: {describe_unmatched(unmatched)}; add the missing files, remove these, or pass "
+            "unmatched='drop' to keep only complete examples or unmatched='partial' to keep them without the "
+            "missing modalities"
         )
 
 
@@ -68,8 +72,9 @@ def load_image_folder(
     ``depth``: 16-bit PNG in units of ``1/depth_scale`` metres (millimetres by default; 0 = invalid) or a float TIFF
     in metres; ``semseg``: 8-bit PNG class ids, ``ignore_index`` for unlabelled pixels (use the same value in the
     image processor and model config). Modality folders that do not exist are absent tasks. ``unmatched``: a stem
-    missing from some modality folder is an error listing them (``"error"``), or is dropped with a warning listing
-    them (``"drop"``).
+    missing from some modality folder is an error listing them (``"error"``), is dropped with a warning listing
+    them (``"drop"``), or is kept with ``None`` in the columns of the modalities it lacks (``"partial"``, with a
+    warning; the collator fills such a modality with an invalid value and hides it).
     """
     import datasets
 
@@ -77,8 +82,8 @@ def load_image_folder(
     unknown = sorted(set(modalities) - set(MODALITIES))
     if unknown:
         raise ValueError(f"unknown modalities {unknown}; choose from {MODALITIES}")
-    if unmatched not in ("error", "drop"):
-        raise ValueError(f"unmatched must be 'error' or 'drop', got {unmatched!r}")
+    if unmatched not in UNMATCHED_MODES:
+        raise ValueError(f"unmatched must be one of {', '.join(map(repr, UNMATCHED_MODES))}, got {unmatched!r}")
     folders = {m: split_dir / m for m in modalities if (split_dir / m).is_dir()}
     if not folders:
         raise FileNotFoundError(f"{split_dir}: no modality folder ({', '.join(modalities)}) found")
@@ -89,15 +94,18 @@ def load_image_folder(
     if partial:
         if unmatched == "error":
             raise UnmatchedStemsError(split_dir, partial)
-        logger.warning("%s: dropped %d %s", split_dir, len(partial), describe_unmatched(partial))
-    if not complete:
+        action = "kept without the missing modalities" if unmatched == "partial" else "dropped"
+        logger.warning("%s: %s %d %s", split_dir, action, len(partial), describe_unmatched(partial))
+    kept = sorted(all_stems) if unmatched == "partial" else complete
+    if not kept:
         raise ValueError(f"{split_dir}: no example has all of {sorted(files)}")
-    columns: dict[str, list] = {"id": complete}
-    columns.update({modality: [str(files[modality][stem]) for stem in complete] for modality in files})
+    columns: dict[str, list] = {"id": kept}
+    for modality, found in files.items():
+        columns[modality] = [str(found[stem]) if stem in found else None for stem in kept]
     if validate:
         checker = _Checker(ignore_index, num_classes, depth_scale, patch_size)
-        for row, stem in enumerate(complete):
-            paths = {m: columns[m][row] for m in files}
+        for row, stem in enumerate(kept):
+            paths = {m: columns[m][row] for m in files if columns[m][row] is not None}
             checker.check(
                 {m: _open_image(path) for m, path in paths.items()}, f"example {stem!r} ({', '.join(paths.values())})"
             )
