@@ -45,6 +45,7 @@ def _binomial_tolerance(p: float, n: int, sigmas: float = 5.0) -> float:
     return sigmas * math.sqrt(p * (1 - p) / n)
 
 
+@pytest.mark.slow
 def test_per_token_rate_whole_words_and_80_10_10(tokenizer, features):
     collator = TaskGroupedMLMCollator(tokenizer, seed=0)
     task_words = chosen_words = targets = masked = kept = 0

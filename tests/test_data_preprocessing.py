@@ -221,6 +221,7 @@ def test_second_map_is_a_cache_hit(tmp_path, wordpiece, corpus_sample):
     assert tagger.calls > calls and other_spec._fingerprint != first._fingerprint
 
 
+@pytest.mark.slow
 def test_num_proc_two_matches_one(tmp_path, wordpiece, corpus_sample):
     corpus_sample.save_to_disk(str(tmp_path / "raw"))
     raw = load_from_disk(str(tmp_path / "raw"))
@@ -230,6 +231,7 @@ def test_num_proc_two_matches_one(tmp_path, wordpiece, corpus_sample):
     assert sum(t >= 0 for row in single["token_task_ids"] for t in row) > 1000
 
 
+@pytest.mark.slow
 def test_packing_gives_the_same_blocks_for_any_num_proc(tmp_path, wordpiece, corpus_sample):
     # 119 texts in batches of 40: two processes split the texts at 60, which is not a batch boundary
     sample = corpus_sample.select(range(119))

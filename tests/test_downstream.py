@@ -30,6 +30,7 @@ def sst2_rows(shared_data: Path, n: int) -> list[tuple[str, int]]:
     return [row for pair in zip(positives, negatives, strict=True) for row in pair]
 
 
+@pytest.mark.slow
 def test_checkpoint_fine_tunes_on_sst2(pretrained_run, shared_data: Path, tmp_path: Path) -> None:  # noqa: F811
     checkpoint, _ = pretrained_run
     config = json.loads((checkpoint / "config.json").read_text())

@@ -30,6 +30,7 @@ def _run(model: Path, task: str, glue_dir: Path, output_dir: Path, *extra: str) 
     return finetune.run([*argv, "--output_dir", str(output_dir), *FAST, *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", SHARED_TASKS)
 def test_finetune_every_shared_task(task: str, tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
     spec = get_task(task)
@@ -68,6 +69,7 @@ def test_finetune_mnli_reports_matched_and_mismatched(tiny_bert: Path, tmp_path:
     assert AutoConfig.from_pretrained(tmp_path / "out").id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
 
 
+@pytest.mark.slow
 def test_predictions_reproduce_regression_and_f1_scores(tiny_bert: Path, shared_data: Path, tmp_path: Path) -> None:
     for task in ("stsb", "mrpc"):
         metrics = _run(tiny_bert, task, shared_data / "glue", tmp_path / task)

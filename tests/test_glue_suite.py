@@ -353,6 +353,7 @@ def test_cli_with_config_runs_real_cells(tmp_path: Path, shared_data: Path, monk
     assert len(calls) == 4
 
 
+@pytest.mark.slow
 def test_two_processes_run_each_cell_once_and_resume(tmp_path: Path, shared_data: Path) -> None:
     """accelerate launch / torchrun: every process trains the cell together, the main one writes; a rerun reuses."""
     tiny = make_tiny_bert(tmp_path / "tiny")
@@ -376,6 +377,7 @@ def test_two_processes_run_each_cell_once_and_resume(tmp_path: Path, shared_data
     assert cell_file.stat().st_mtime_ns == written  # reused by both processes
 
 
+@pytest.mark.slow
 def test_every_process_checks_the_prediction_files_after_the_main_process_wrote_them(tmp_path: Path) -> None:
     """The main process writes a cell's prediction files; the others must not look for them before it has."""
     worker = Path(__file__).with_name("suite_cell_worker.py")

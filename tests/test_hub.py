@@ -100,6 +100,7 @@ def _digest(directory: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_publish_and_load_back(local_hub: LocalHubServer, output_dir: Path, tmp_path: Path) -> None:
     commit = publish_output_dir(output_dir, REPO_ID, token=DEFAULT_TOKEN, commit_message="Publish tiny model")
 

@@ -112,6 +112,7 @@ def test_outputs_load_without_remote_code(pushed_run) -> None:
     assert 800 < width < 950 and height > 6 * 160
 
 
+@pytest.mark.slow
 def test_report_is_the_held_out_loss_on_the_fixed_masks(pushed_run) -> None:
     """Recomputed independently: the saved model and processor on the held-out scenes (resized, one batch), masked by
     a collator with the evaluation seed, give the report's per-modality losses; mean and worst follow from them."""
@@ -350,6 +351,7 @@ def test_bad_images_are_refused_by_name_before_training(tmp_path: Path, capsys, 
 
 
 # ------------------------------------------------------------------------------------- 5. compare, vision
+@pytest.mark.slow
 def test_compare_on_the_vision_config(tmp_path: Path, monkeypatch) -> None:
     """average vs minimax (alpha sweep) x 2 seeds, the vision config picked by its options; each run in-process."""
     calls: list[list[str]] = []

@@ -278,6 +278,7 @@ def test_missing_data_file(tmp_path: Path) -> None:
         recipe.run(argv(tmp_path / "out", "--train_file", str(tmp_path / "nope.txt")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["txt", "jsonl", "parquet"])
 def test_local_data_files(small_files, tmp_path: Path, suffix: str) -> None:
     output_dir = tmp_path / "out"
@@ -332,6 +333,7 @@ def test_output_dir_with_foreign_checkpoints(tmp_path: Path) -> None:
     assert sorted(p.name for p in output_dir.iterdir()) == ["checkpoint-500"]
 
 
+@pytest.mark.slow
 def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -> None:
     """A run stopped while writing its step-3 checkpoint resumes from step 2 when re-run with a larger max_steps."""
     from transformers import AutoTokenizer
@@ -386,6 +388,7 @@ def test_resume_after_interruption(tmp_path: Path, small_files, capfd, caplog) -
     assert read_json(output_dir / "run_config.json")["vocab_size"] == 300
 
 
+@pytest.mark.slow
 def test_same_command_same_tokenizer_and_parameters(tmp_path: Path, small_files, caplog) -> None:
     """Two runs of one from-scratch command train the same WordPiece tokenizer and end with the same parameters."""
     from safetensors.torch import load_file
@@ -409,6 +412,7 @@ def test_same_command_same_tokenizer_and_parameters(tmp_path: Path, small_files,
     )
 
 
+@pytest.mark.slow
 def test_wordpiece_training_is_deterministic() -> None:
     """The same texts give the same vocabulary, ids included (the trainer alone numbers pieces in hash-map order)."""
     from robust_pretrain.data import load_ewt_corpus
@@ -443,6 +447,7 @@ def test_resume_with_other_settings_is_refused(pretrained_run, tmp_path: Path) -
     assert {p.name: p.stat().st_mtime_ns for p in output_dir.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_resume_with_other_data_content_is_refused(tmp_path: Path, small_files) -> None:
     """The data is recorded by content: the same file name with other text is another run."""
     train = write_texts(tmp_path / "train.txt", corpus_texts(24))
@@ -517,6 +522,7 @@ def _encoder_state(model) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k.startswith("bert.encoder.")}
 
 
+@pytest.mark.slow
 def test_continued_pretraining_of_minilm(tmp_path: Path, small_files, caplog) -> None:
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -556,6 +562,7 @@ def lora_run(tmp_path_factory, small_files) -> Path:
     return output_dir
 
 
+@pytest.mark.slow
 def test_lora_adapter_and_merge(lora_run: Path) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -651,6 +658,7 @@ def _hub_args(output_dir: Path, small_files, repo_id: str, token: str) -> list[s
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
     from huggingface_hub import snapshot_download
     from transformers import AutoModelForMaskedLM
@@ -714,6 +722,7 @@ def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> Non
     assert not (output_dir / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, monkeypatch) -> None:
     """The Hub goes away during training: the final push fails with a retry hint, the local save is complete."""
     from robust_pretrain.hub import HubPublishError

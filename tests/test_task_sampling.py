@@ -255,6 +255,7 @@ def test_trainer_samples_with_minimax_weights_and_minimises_the_plain_mean(tmp_p
         assert weights == (schedule.published[step - 2] if step > 2 else _uniform())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workers", "persistent"), [((0, 2), False), ((1, 2), True)])
 def test_dataloader_workers_draw_as_the_main_process(tmp_path, workers, persistent):
     """Workers (collating ahead, in turn, over 3 epochs with accumulation 2) give the run of 0 workers exactly.
@@ -288,6 +289,7 @@ def test_a_worker_ahead_of_training_waits_for_the_weights_it_needs():
         next(batches)  # nobody publishes step 1: the worker gives up after worker_timeout
 
 
+@pytest.mark.slow
 def test_iterable_training_data_is_refused(tmp_path):
     iterable = Dataset.from_list(_training_rows(4)).to_iterable_dataset()
     args = MinimaxTrainingArguments(output_dir=str(tmp_path), task_names=TASK_NAMES, use_cpu=True, report_to=[])

@@ -65,6 +65,7 @@ def test_average_converges_to_its_closed_form_minimiser():
     assert optimise("average", 500, lr=0.05, decay=False) == pytest.approx(THETA_AVG, abs=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "options"), [("minimax", {"alpha": 1.0, "alpha_schedule": "sqrt"}), ("hardmax", {})])
 def test_minimax_strategies_converge_to_the_minimax_point(name, options):
     theta = optimise(name, 4000, **options)

@@ -511,6 +511,7 @@ def test_task_losses_model_with_accumulation_logs_the_effective_weights(tmp_path
     assert trainer.step_weights.tolist() == pytest.approx(effective.tolist(), abs=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("changed", "message"),
     [

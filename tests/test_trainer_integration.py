@@ -192,6 +192,7 @@ def plain_trainer_grads(tmp_path, examples, **overrides):
     return recorder.grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_proportional_gives_the_plain_trainer_gradient_on_bert_for_masked_lm(tmp_path, accumulation):
     """Reference: the plain Trainer on one batch of 8 (at GA > 1 it would sum BertForMaskedLM's micro-batch means)."""

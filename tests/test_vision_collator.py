@@ -211,6 +211,7 @@ def _train(output_dir, max_steps: int, resume: bool = False) -> list[tuple[torch
     return model.seen
 
 
+@pytest.mark.slow
 def test_a_resumed_trainer_run_draws_the_masks_of_an_uninterrupted_one(tmp_path):
     # 12 examples, batch 4: 3 steps per epoch; 7 steps cross two epoch boundaries, the resume (after step 4) one.
     uninterrupted = _train(tmp_path / "full", max_steps=7)

@@ -156,6 +156,7 @@ def check_outputs(
     assert f"## Fine-tuning: {task}" in card and f"value: {round(reported[PRIMARY[task]], 4)}" in card
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["semseg", "depth", "classification"])
 def test_each_head_on_generated_scenes(checkpoint: Path, task: str, tmp_path: Path) -> None:
     metrics = finetune(checkpoint, task, tmp_path / task)
@@ -168,6 +169,7 @@ def test_each_head_on_generated_scenes(checkpoint: Path, task: str, tmp_path: Pa
         }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["semseg", "depth", "classification"])
 def test_each_head_on_a_folder_layout(checkpoint: Path, image_folder: Path, task: str, tmp_path: Path) -> None:
     extra = ["--num_labels", str(scenes.NUM_CLASSES)] if task == "semseg" else []
@@ -180,6 +182,7 @@ def test_each_head_on_a_folder_layout(checkpoint: Path, image_folder: Path, task
             assert [row.split("\t")[3] for row in rows[1:]] == [row["label"] for row in csv.DictReader(handle)]
 
 
+@pytest.mark.slow
 def test_datasets_dataset_with_column_mapping_and_depth_input(checkpoint: Path, tmp_path: Path) -> None:
     """A local ``datasets`` dataset whose columns have other names; depth fed as a second input."""
     config = scenes.SceneConfig(image_size=SIZE)

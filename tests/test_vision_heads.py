@@ -60,6 +60,7 @@ HEADS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(HEADS))
 def test_head_trains_with_the_plain_trainer(task, tmp_path):
     model = tiny_head(HEADS[task])

@@ -323,6 +323,7 @@ class _Examples(torch.utils.data.Dataset):
         return {key: value[index] for key, value in self.batch.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("modalities", [("rgb", "depth", "semseg"), ("rgb", "semseg")])
 def test_minimax_trainer_trains_multimae_and_logs_task_losses(modalities, tmp_path):
     model = tiny_model().train()

@@ -98,6 +98,7 @@ def assert_close_labels(depth_png: Image.Image, classes_png: Image.Image | None,
         assert classes_png.mode == "L" and (np.asarray(classes_png) == classes).mean() >= 0.99
 
 
+@pytest.mark.slow
 def test_folder_layout_in_folder_layout_out(tmp_path, tiny_models):
     source = tmp_path / "source"
     (source / "train" / "rgb").mkdir(parents=True)
