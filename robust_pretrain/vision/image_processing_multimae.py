@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from PIL import Image
 from transformers import AutoImageProcessor
 from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
@@ -28,6 +30,7 @@ class MultiMAEImageProcessorKwargs(ImagesKwargs, total=False):
     depth_scale: float
     ignore_index: int
     num_classes: int | None
+    do_reduce_labels: bool
 
 
 class MultiMAEImageProcessor(BaseImageProcessor):
@@ -49,6 +52,14 @@ class MultiMAEImageProcessor(BaseImageProcessor):
       metres, 0 = invalid. A map with no valid pixel is an error.
     - ``semseg``: class ids (PIL "L"/"P"/"I" or an integer array); nearest-neighbour; output int64 (H,W).
       ``ignore_index`` marks unknown pixels; with ``num_classes`` set, any other id >= ``num_classes`` is an error.
+      ``do_reduce_labels`` (transformers' name; mmseg and MultiMAE call it ``reduce_zero_label``) is for maps with
+      0 = unlabelled and classes 1..K, such as NYUv2's: 0 becomes ``ignore_index``, every other id ``id - 1``
+      (``ignore_index`` stays), before the ``num_classes`` check.
+
+    Calling convention (transformers'): ``processor(images, segmentation_maps=None, depth=None)``; the outputs are
+    named after the modalities (``rgb``, ``depth``, ``semseg``), which the MM-MAE models take as keyword inputs.
+    :meth:`post_process_semantic_segmentation` and :meth:`post_process_depth_estimation` turn model outputs into
+    maps of the original image sizes (the ``image-segmentation`` and ``depth-estimation`` pipelines call them).
 
     Randomness: ``generators`` (one ``numpy.random.Generator`` per example) makes augmentation reproducible;
     :class:`MultiMAETransform` derives them from ``(seed, epoch, example id)``.
@@ -68,6 +79,7 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         depth_scale: float = 1000.0,
         ignore_index: int = 255,
         num_classes: int | None = None,
+        do_reduce_labels: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -84,6 +96,7 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         self.depth_scale = float(depth_scale)
         self.ignore_index = int(ignore_index)
         self.num_classes = num_classes
+        self.do_reduce_labels = bool(do_reduce_labels)
         self._check_settings()
 
     def _check_settings(self) -> None:
@@ -113,6 +126,10 @@ class MultiMAEImageProcessor(BaseImageProcessor):
             raise ValueError(f"depth_scale must be > 0 (input units per metre), got {self.depth_scale}")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.do_reduce_labels and self.ignore_index == 0:
+            raise ValueError(
+                "do_reduce_labels maps 0 to ignore_index and 1 to class 0; ignore_index 0 would merge them"
+            )
 
     def __call__(self, images: Any = None, *args: Any, **kwargs: Any) -> BatchFeature:
         """:meth:`preprocess`; unlike the base class, ``images`` (RGB) may be left out (depth / semseg only)."""
@@ -121,18 +138,23 @@ class MultiMAEImageProcessor(BaseImageProcessor):
     def preprocess(
         self,
         images: Any = None,
+        segmentation_maps: Any = None,
+        *,
         depth: Any = None,
         semseg: Any = None,
-        *,
         train: bool = False,
         generators: Sequence[np.random.Generator] | None = None,
         names: Sequence[str] | None = None,
         return_tensors: str | None = "pt",
     ) -> BatchFeature:
-        """Process one example or a batch (lists); ``images`` is the RGB modality. ``names`` label the examples in
+        """Process one example or a batch (lists); ``images`` is the RGB modality, ``segmentation_maps`` (or
+        ``semseg``, its modality name) the class maps, ``depth`` the depth maps. ``names`` label the examples in
         error messages. ``train=True`` augments, drawing from ``generators`` (one per example; fresh OS entropy if
         not given). Returns a ``BatchFeature`` with ``rgb`` (B,3,H,W), ``depth`` (B,1,H,W), ``semseg`` (B,H,W) for
         the modalities given."""
+        if segmentation_maps is not None and semseg is not None:
+            raise ValueError("give the class maps once, as segmentation_maps or as semseg")
+        semseg = segmentation_maps if segmentation_maps is not None else semseg
         given = {
             name: value for name, value in zip(MODALITIES, (images, depth, semseg), strict=True) if value is not None
         }
@@ -158,6 +180,32 @@ class MultiMAEImageProcessor(BaseImageProcessor):
         ]
         data = {name: np.stack([e[name] for e in examples]) for name in batched}
         return BatchFeature(data=data, tensor_type=return_tensors)
+
+    def post_process_semantic_segmentation(
+        self, outputs: Any, target_sizes: Sequence[Sequence[int]] | torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """Class maps (H,W) int64 from a semantic segmentation output's ``logits`` (B,C,h,w): per image, the logits
+        upsampled (bilinear) to its ``target_sizes`` entry (height, width) before the argmax, else at their own
+        size."""
+        logits = outputs.logits
+        sizes = _target_sizes(target_sizes, len(logits), "logits")
+        return [
+            (image_logits if size is None else _resize_map(image_logits, size)).argmax(dim=0)
+            for image_logits, size in zip(logits, sizes, strict=True)
+        ]
+
+    def post_process_depth_estimation(
+        self, outputs: Any, target_sizes: Sequence[Sequence[int]] | torch.Tensor | None = None
+    ) -> list[dict[str, torch.Tensor]]:
+        """``[{"predicted_depth": (H,W) metres}]`` from a depth output's ``predicted_depth`` (B,h,w): per image,
+        upsampled (bilinear, which keeps depth within its range) to its ``target_sizes`` entry (height, width), else
+        at its own size."""
+        predicted = outputs.predicted_depth
+        sizes = _target_sizes(target_sizes, len(predicted), "predicted_depth")
+        return [
+            {"predicted_depth": depth if size is None else _resize_map(depth[None], size)[0]}
+            for depth, size in zip(predicted, sizes, strict=True)
+        ]
 
     def process_example(
         self,
@@ -289,15 +337,45 @@ class MultiMAEImageProcessor(BaseImageProcessor):
                 if not np.array_equal(array, np.round(array)):
                     raise ValueError(f"{name}: semseg holds non-integer values; give integer class ids")
             classes = array.astype(np.int64)
+        if self.do_reduce_labels:
+            classes = np.where(
+                classes == 0, self.ignore_index, np.where(classes == self.ignore_index, classes, classes - 1)
+            )
         if self.num_classes is not None:
             bad = np.unique(classes[(classes != self.ignore_index) & ((classes < 0) | (classes >= self.num_classes))])
             if bad.size:
+                if self.do_reduce_labels:
+                    raise ValueError(
+                        f"{name}: semseg has class ids {(bad[:5] + 1).tolist()}, outside 1..{self.num_classes} "
+                        f"(do_reduce_labels: 0 = unlabelled, 1..{self.num_classes} = the {self.num_classes} classes; "
+                        f"after the reduction {bad[:5].tolist()}, ignore_index {self.ignore_index}); raise "
+                        "num_classes or map them to the ignore value"
+                    )
                 raise ValueError(
                     f"{name}: semseg has class ids {bad[:5].tolist()} outside 0..{self.num_classes - 1} "
                     f"(ignore_index {self.ignore_index}); raise num_classes or map them to the ignore "
                     "value"
                 )
         return classes
+
+
+def _target_sizes(
+    target_sizes: Sequence[Sequence[int]] | torch.Tensor | None, count: int, output_name: str
+) -> list[tuple[int, int] | None]:
+    """One (height, width) or None per image; ``target_sizes`` as a list of pairs or a (B, 2) tensor."""
+    if target_sizes is None:
+        return [None] * count
+    if len(target_sizes) != count:
+        raise ValueError(f"got {len(target_sizes)} target_sizes for the {count} images of {output_name}")
+    sizes = [tuple(int(side) for side in size) for size in target_sizes]
+    if any(len(size) != 2 or min(size) < 1 for size in sizes):
+        raise ValueError(f"target_sizes are (height, width) pairs of positive sides, got {sizes}")
+    return sizes
+
+
+def _resize_map(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(C,h,w) -> (C,H,W), bilinear (as the MM-MAE heads upsample)."""
+    return F.interpolate(maps[None].float(), size=size, mode="bilinear", align_corners=False)[0]
 
 
 def _as_batch(value: Any) -> list:

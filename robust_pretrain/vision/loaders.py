@@ -5,7 +5,8 @@ present among ``rgb``, ``depth``, ``semseg``, and ``label`` when a label column 
 have is simply not a column (an absent task). Nothing is copied or written: folder images stay files, read lazily.
 
 Checks (``validate=True``, every example, errors name the file or column and row): unreadable or corrupt images;
-depth maps without a valid pixel; class ids >= ``num_classes`` (other than ``ignore_index``); images smaller than
+depth maps without a valid pixel; class ids >= ``num_classes`` (other than ``ignore_index``; with ``do_reduce_labels``,
+for maps with 0 = unlabelled and classes 1..K such as NYUv2's, ids above ``num_classes``); images smaller than
 one ``patch_size`` patch; modalities of one example with different aspect ratios. Modalities with the same aspect
 at different resolutions are accepted: the image processor crops and resizes them consistently.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from PIL import Image
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor
 
 logger = logging.getLogger(__name__)
@@ -27,6 +29,10 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 TARGET_COLUMNS = (*MODALITIES, "id", "label")
 # What to do with an example missing from some modality folder: refuse, drop it, or keep it with that modality absent.
 UNMATCHED_MODES = ("error", "drop", "partial")
+UNMATCHED_HELP = (
+    "--image_folder: an example missing from some modality folder is an error, dropped, or kept (partial: the "
+    "missing modality is filled with an invalid value and hidden, so it gets no input and no loss)."
+)
 
 
 class UnmatchedStemsError(ValueError):
@@ -40,6 +46,14 @@ class UnmatchedStemsError(ValueError):
             "unmatched='drop' to keep only complete examples or unmatched='partial' to keep them without the "
             "missing modalities"
         )
+
+
+def unmatched_usage_error(error: UnmatchedStemsError) -> UsageError:
+    """The recipes' one-line refusal of an incomplete folder, naming the ``--unmatched`` choices."""
+    return UsageError(
+        f"--image_folder: {error.split_dir}: {describe_unmatched(error.unmatched)}; add the missing files, or pass "
+        "--unmatched drop (keep complete examples only) or --unmatched partial (keep them without those modalities)"
+    )
 
 
 def describe_unmatched(unmatched: Mapping[str, list[str]]) -> str:
@@ -63,6 +77,7 @@ def load_image_folder(
     unmatched: str = "error",
     ignore_index: int = 255,
     num_classes: int | None = None,
+    do_reduce_labels: bool = False,
     depth_scale: float = 1000.0,
     patch_size: int | None = None,
     validate: bool = True,
@@ -71,7 +86,9 @@ def load_image_folder(
 
     ``depth``: 16-bit PNG in units of ``1/depth_scale`` metres (millimetres by default; 0 = invalid) or a float TIFF
     in metres; ``semseg``: 8-bit PNG class ids, ``ignore_index`` for unlabelled pixels (use the same value in the
-    image processor and model config). Modality folders that do not exist are absent tasks. ``unmatched``: a stem
+    image processor and model config), or 0 for unlabelled and 1..K for the classes with ``do_reduce_labels`` (the
+    files stay as they are: the check here and the image processor, given the same setting, reduce the ids).
+    Modality folders that do not exist are absent tasks. ``unmatched``: a stem
     missing from some modality folder is an error listing them (``"error"``), is dropped with a warning listing
     them (``"drop"``), or is kept with ``None`` in the columns of the modalities it lacks (``"partial"``, with a
     warning; the collator fills such a modality with an invalid value and hides it).
@@ -103,7 +120,7 @@ def load_image_folder(
     for modality, found in files.items():
         columns[modality] = [str(found[stem]) if stem in found else None for stem in kept]
     if validate:
-        checker = _Checker(ignore_index, num_classes, depth_scale, patch_size)
+        checker = _Checker(ignore_index, num_classes, do_reduce_labels, depth_scale, patch_size)
         for row, stem in enumerate(kept):
             paths = {m: columns[m][row] for m in files if columns[m][row] is not None}
             checker.check(
@@ -111,7 +128,9 @@ def load_image_folder(
             )
     features = datasets.Features({"id": datasets.Value("string"), **{m: datasets.Image() for m in files}})
     description = (
-        f"image folder {split_dir} (modalities {sorted(files)}, depth_scale {depth_scale}, ignore_index {ignore_index})"
+        f"image folder {split_dir} (modalities {sorted(files)}, depth_scale {depth_scale}, ignore_index {ignore_index}"
+        + (", do_reduce_labels" if do_reduce_labels else "")
+        + ")"
     )
     return datasets.Dataset.from_dict(
         columns, features=features, split=split, info=datasets.DatasetInfo(description=description, features=features)
@@ -126,6 +145,7 @@ def load_mapped_dataset(
     name: str | None = None,
     ignore_index: int = 255,
     num_classes: int | None = None,
+    do_reduce_labels: bool = False,
     depth_scale: float = 1000.0,
     patch_size: int | None = None,
     validate: bool = True,
@@ -168,7 +188,7 @@ def load_mapped_dataset(
     elif dataset.features["id"] != datasets.Value("string"):
         dataset = dataset.cast_column("id", datasets.Value("string"))
     if validate:
-        checker = _Checker(ignore_index, num_classes, depth_scale, patch_size)
+        checker = _Checker(ignore_index, num_classes, do_reduce_labels, depth_scale, patch_size)
         present = [m for m in MODALITIES if m in column_mapping]
         described = ", ".join(f"{m}={column_mapping[m]!r}" for m in present)
         for row, example in enumerate(dataset.select_columns(present + ["id"])):
@@ -179,9 +199,19 @@ def load_mapped_dataset(
 class _Checker:
     """Decodes an example with the image processor's rules and applies the dataset-level checks."""
 
-    def __init__(self, ignore_index: int, num_classes: int | None, depth_scale: float, patch_size: int | None):
+    def __init__(
+        self,
+        ignore_index: int,
+        num_classes: int | None,
+        do_reduce_labels: bool,
+        depth_scale: float,
+        patch_size: int | None,
+    ):
         self.processor = MultiMAEImageProcessor(
-            ignore_index=ignore_index, num_classes=num_classes, depth_scale=depth_scale
+            ignore_index=ignore_index,
+            num_classes=num_classes,
+            do_reduce_labels=do_reduce_labels,
+            depth_scale=depth_scale,
         )
         self.patch_size = patch_size
 
