@@ -37,6 +37,7 @@ def trained_grads(tmp_path, model, dataset, **overrides):
     return recorder.grads
 
 
+@pytest.mark.slow
 def test_accumulation_without_loss_kwargs_matches_one_big_batch(tmp_path):
     """A forward without ``**kwargs`` (the Trainer's rule would divide by GA again) at GA = 2 equals one batch of 8."""
     dataset = as_dataset(masked_examples(8))
@@ -54,6 +55,7 @@ def test_a_trainer_without_loss_is_scaled_for_ga_is_refused(tmp_path, monkeypatc
         MinimaxTrainer(model=PerTokenModel(), args=make_args(tmp_path))
 
 
+@pytest.mark.slow
 def test_labels_are_kept_with_task_ids_when_forward_has_no_labels_parameter(tmp_path):
     dataset = as_dataset(masked_examples(8))
     kept = trained_grads(tmp_path / "a", PerTokenModel(), dataset)  # remove_unused_columns=True

@@ -213,6 +213,7 @@ def test_datasets_dataset_with_column_mapping_and_depth_input(checkpoint: Path, 
         )
 
 
+@pytest.mark.slow
 def test_lora_trains_adapters_and_saves_the_head(checkpoint: Path, tmp_path: Path) -> None:
     from peft import PeftModel
 
@@ -240,6 +241,7 @@ def test_lora_trains_adapters_and_saves_the_head(checkpoint: Path, tmp_path: Pat
     torch.testing.assert_close(merged.multimae.layers[0].mlp.fc1.weight, reference.multimae.layers[0].mlp.fc1.weight)
 
 
+@pytest.mark.slow
 def test_vit_checkpoint_fine_tunes_for_classification(checkpoint: Path, tmp_path: Path) -> None:
     vit = export_vit(checkpoint, tmp_path / "vit")
     metrics = finetune(vit, "classification", tmp_path / "out")
