@@ -274,7 +274,7 @@ def test_data_without_text_column(tmp_path: Path) -> None:
 
 
 def test_missing_data_file(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="--train_file .*nope.txt: data file not found"):
+    with pytest.raises(UsageError, match="--train_file .*nope.txt: no such file"):
         recipe.run(argv(tmp_path / "out", "--train_file", str(tmp_path / "nope.txt")))
 
 
