@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_recipe_pretrain import DEMO_CONFIG, MINILM, corpus_texts, write_texts
+from test_recipe_pretrain import DEMO_CONFIG, MINILM
 from tiny_vision import tiny_config
 from transformers import AutoTokenizer
 
@@ -331,7 +331,7 @@ def workspace(tmp_path: Path) -> Path:
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (tmp_path / "typo.yaml").write_text("max_stepz: 3\n")
-    write_texts(tmp_path / "train.txt", corpus_texts(24))
+    (tmp_path / "train.txt").write_text("The cat sat on the mat .\nDogs run quickly in the park .\n" * 12)
     return tmp_path
 
 
