@@ -124,6 +124,11 @@ class DataArguments:
         5, "Percent of the training data held out when there is no held-out split.", minimum=1, maximum=99
     )
     depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
+    do_reduce_labels: bool = option(
+        False,
+        "Semseg maps hold 0 = unlabelled, 1..K = classes (NYUv2): 0 becomes the ignore index, id becomes id - 1 "
+        "(mmseg / MultiMAE: reduce_zero_label).",
+    )
     num_train_scenes: int = option(2000, "Generated scenes: training images.", minimum=1)
     num_eval_scenes: int = option(200, "Generated scenes: held-out images.", minimum=1)
     scene_size: int = option(256, "Generated scenes: rendered side in pixels.", minimum=8)
@@ -156,6 +161,11 @@ class DataArguments:
             raise UsageError("give --image_folder or --dataset_name, not both")
         if self.column_mapping and self.dataset_name is None:
             raise UsageError("--column_mapping applies to --dataset_name only")
+        if self.do_reduce_labels and self.image_folder is None and self.dataset_name is None:
+            raise UsageError(
+                "--do_reduce_labels: the generated scenes' class ids start at 0; it is for --image_folder / "
+                "--dataset_name maps with 0 = unlabelled, 1..K = classes"
+            )
         check_options(self)
         if len(self.crop_scale) != 2 or len(self.crop_ratio) != 2:
             raise UsageError("--crop_scale and --crop_ratio take two values each (min max)")
@@ -220,6 +230,7 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
     checks = dict(
         ignore_index=model_args.semseg_ignore_index,
         num_classes=num_classes,
+        do_reduce_labels=data_args.do_reduce_labels,
         depth_scale=data_args.depth_scale,
         patch_size=model_args.patch_size,
     )
@@ -358,9 +369,13 @@ def build_processor(model_args: ModelArguments, data_args: DataArguments, config
             depth_scale=data_args.depth_scale,
             ignore_index=semseg.ignore_index if semseg else model_args.semseg_ignore_index,
             num_classes=semseg.num_classes if semseg else None,
+            do_reduce_labels=data_args.do_reduce_labels,
         )
     except ValueError as err:
-        raise UsageError(f"augmentation settings (--crop_scale, --crop_ratio, --flip_probability): {err}") from err
+        raise UsageError(
+            f"augmentation and label settings (--crop_scale, --crop_ratio, --flip_probability, --do_reduce_labels): "
+            f"{err}"
+        ) from err
 
 
 # ---------------------------------------------------------------------------------------------------------- main

@@ -432,6 +432,7 @@ def render_finetuning_card(output_dir: str | Path, content: FineTuningCardConten
             library_name="transformers",
             base_model=None if local else content.base_model,
             datasets=[content.dataset_type] if "/" in content.dataset_type else None,
+            pipeline_tag=content.task_type,
             tags=["robust-pretrain", content.task_type],
         ),
         template_path=str(FINETUNING_TEMPLATE),

@@ -273,7 +273,7 @@ def dense_card_content(
         dataset_type="local",
         dataset_name=data.description.split(" (")[0],
         metrics=tuple(
-            FineTunedMetric(name, metrics[f"eval_{name}"], "eval")
+            FineTunedMetric(name, metrics[f"eval_{name}"], data.eval_split)
             for name in DENSE_CARD_METRICS[task]
             if f"eval_{name}" in metrics
         ),
@@ -281,5 +281,14 @@ def dense_card_content(
         notes=(
             f"Per-image predictions: `{predictions_file}` (`robust_pretrain.vision.finetune.recompute_metrics` "
             "recomputes the table from it); input / prediction / target of a few images: `predictions.png`.",
+            *(
+                (
+                    "This folder holds the LoRA adapters and the trained head (`PeftModel.from_pretrained`); "
+                    "`merged/` the model with the adapters merged in, which `AutoModelFor*.from_pretrained` and "
+                    "the pipelines load like any checkpoint.",
+                )
+                if lora_args.use_lora
+                else ()
+            ),
         ),
     )

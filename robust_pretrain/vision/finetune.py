@@ -19,7 +19,8 @@ tokens), layer-wise lr decay 0.75 (``--layer_decay 1`` turns it off), linear war
 crops are random resized crops and flips shared by image and target. ``--use_lora`` trains LoRA adapters on the
 encoder's attention and the whole head (both saved).
 
-Outputs in ``output_dir``: the model (or adapter + head) and image processor, ``train_results.json`` /
+Outputs in ``output_dir``: the model (or adapter + head, and in ``merged/`` the model with the adapters merged in,
+which ``AutoModelFor*.from_pretrained`` and the pipelines load) and image processor, ``train_results.json`` /
 ``eval_results.json`` / ``all_results.json`` (``eval_mean_iou``, ``eval_iou_<class>``, ``eval_delta1``, ...,
 ``eval_top1_accuracy``), ``predictions_<task>.npz`` (per eval image: id, prediction, label; :func:`recompute_metrics`
 recomputes the reported scores from it), for classification also ``predict_results_classification.txt``,
@@ -84,9 +85,10 @@ MULTIMAE_HEADS = {
     "classification": (MultiMAEForImageClassification, ["classifier"]),
 }
 PREDICTIONS_PLOT = "predictions.png"
+MERGED_DIR = "merged"
 LABELS_FILE = "labels.csv"
 SCENE_SPLITS = ("downstream_train", "downstream_test")
-_STALE_OUTPUTS = ("predictions_*.npz", "predict_results_*.txt", PREDICTIONS_PLOT)
+_STALE_OUTPUTS = ("predictions_*.npz", "predict_results_*.txt", PREDICTIONS_PLOT, MERGED_DIR)
 _NO_WEIGHT_DECAY = re.compile(r"global_tokens|cls_token|position_embeddings")
 _ENCODER_LAYER = re.compile(r"(?:^|\.)(?:multimae\.layers|encoder\.layer)\.(\d+)\.")
 _EMBEDDINGS = re.compile(r"(?:^|\.)(?:multimae|vit)\.embeddings\.")
@@ -173,6 +175,11 @@ class DenseDataArguments:
     )
     class_names: list[str] | None = field(default=None, metadata={"help": "Class names, in class-id order."})
     ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
+    do_reduce_labels: bool = option(
+        False,
+        "Semseg maps hold 0 = unlabelled, 1..K = classes (NYUv2): 0 becomes ignore_index, id becomes id - 1 "
+        "(mmseg / MultiMAE: reduce_zero_label).",
+    )
     depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
     min_depth: float = option(1e-3, "Depth metrics: smallest valid depth (metres).", above=0)
     max_depth: float | None = option(10.0, "Depth metrics: depth cap (metres; NYUv2: 10).", above=0)
@@ -256,12 +263,14 @@ class DenseLoraArguments(LoraArguments):
 
 @dataclass
 class TaskData:
-    """The checked training and evaluation images of one task and its classes (None for depth)."""
+    """The checked training and evaluation images of one task, its classes (None for depth) and the name of the
+    evaluation split (``split[:N]`` when limited to its first N images)."""
 
     train: datasets.Dataset
     evaluation: datasets.Dataset
     label_names: list[str] | None
     description: str
+    eval_split: str
 
 
 def _limit(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
@@ -345,7 +354,7 @@ def _image_folder_data(
             for split, dataset in splits.items()
         }
     description = f"the image folder `{root.resolve().name}` (splits {train_split} / {eval_split})"
-    return TaskData(splits[train_split], splits[eval_split], label_names, description)
+    return TaskData(splits[train_split], splits[eval_split], label_names, description, eval_split)
 
 
 def _mapped_dataset_data(
@@ -380,7 +389,7 @@ def _mapped_dataset_data(
     if task == "classification" and label_names is None and isinstance(feature, datasets.ClassLabel):
         label_names = list(feature.names)
     description = f"the dataset `{data_args.dataset_name}` (splits {train_split} / {eval_split})"
-    return TaskData(splits[train_split], splits[eval_split], label_names, description)
+    return TaskData(splits[train_split], splits[eval_split], label_names, description, eval_split)
 
 
 def _scene_data(task: str, data_args: DenseDataArguments) -> TaskData:
@@ -399,7 +408,7 @@ def _scene_data(task: str, data_args: DenseDataArguments) -> TaskData:
         f"{data_args.num_train_scenes} `{SCENE_SPLITS[0]}` / {data_args.num_eval_scenes} `{SCENE_SPLITS[1]}` "
         "scenes, disjoint from the pre-training splits"
     )
-    return TaskData(train, evaluation, label_names, description)
+    return TaskData(train, evaluation, label_names, description, SCENE_SPLITS[1])
 
 
 def _checked_label_names(task: str, data: TaskData, num_labels: int | None) -> list[str] | None:
@@ -427,11 +436,19 @@ def load_task_data(
     generated scenes); every problem is a :class:`UsageError` naming the file, split, row or option."""
     needed = list(dict.fromkeys([*input_modalities, *([task] if task != "classification" else [])]))
     num_labels = data_args.num_labels if data_args.class_names is None else len(data_args.class_names)
+    if data_args.do_reduce_labels and task != "semseg":
+        raise UsageError(f"--do_reduce_labels applies to --task semseg, not {task}")
+    if data_args.do_reduce_labels and data_args.image_folder is None and data_args.dataset_name is None:
+        raise UsageError(
+            "--do_reduce_labels: the generated scenes' class ids start at 0; it is for --image_folder / "
+            "--dataset_name maps with 0 = unlabelled, 1..K = classes"
+        )
     checks = dict(
         ignore_index=data_args.ignore_index,
         depth_scale=data_args.depth_scale,
         patch_size=patch_size,
         num_classes=num_labels if task == "semseg" else None,
+        do_reduce_labels=data_args.do_reduce_labels,
     )
     if data_args.image_folder is not None:
         data = _image_folder_data(task, data_args, needed, num_labels, checks)
@@ -439,10 +456,13 @@ def load_task_data(
         data = _mapped_dataset_data(task, data_args, needed, num_labels, checks)
     else:
         data = _scene_data(task, data_args)
+    limit = data_args.max_eval_samples
+    limited = limit is not None and limit < len(data.evaluation)
     data = replace(
         data,
         train=_limit(data.train, data_args.max_train_samples),
-        evaluation=_limit(data.evaluation, data_args.max_eval_samples),
+        evaluation=_limit(data.evaluation, limit),
+        eval_split=f"{data.eval_split}[:{limit}]" if limited else data.eval_split,
     )
     for name, dataset in (("training", data.train), ("evaluation", data.evaluation)):
         if len(dataset) == 0:
@@ -746,6 +766,7 @@ def run_finetune(
         depth_scale=data_args.depth_scale,
         ignore_index=data_args.ignore_index,
         num_classes=num_labels if task == "semseg" else None,
+        do_reduce_labels=data_args.do_reduce_labels,
     )
     modalities = list(dict.fromkeys([*model_args.input_modalities, *([task] if task != "classification" else [])]))
     columns = {name: name for name in modalities}
@@ -835,7 +856,17 @@ def run_finetune(
                 predictions_file_name(task),
             )
             render_finetuning_card(output_dir, content)
+    if save_model and training_args.do_train and lora_args.use_lora and trainer.is_world_process_zero():
+        save_merged(trainer.model, processor, output_dir / MERGED_DIR)  # last: merging changes the model in place
     return eval_metrics
+
+
+def save_merged(model: PeftModel, processor: MultiMAEImageProcessor, directory: Path) -> Path:
+    """Save ``model`` with its LoRA adapters merged in (the trained head replacing the original one) and the image
+    processor into ``directory``: a plain checkpoint for ``AutoModelFor*.from_pretrained`` and the pipelines."""
+    model.merge_and_unload().save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
 
 
 def run(argv: list[str]) -> dict[str, float]:
