@@ -66,6 +66,7 @@ from robust_pretrain.trainer import register_process_group_teardown
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+from robust_pretrain.vision.loaders import UNMATCHED_HELP, UNMATCHED_MODES
 from robust_pretrain.vision.metrics import load_vision_metric
 from robust_pretrain.vision.modeling_multimae import (
     MultiMAEForDepthEstimation,
@@ -88,6 +89,8 @@ PREDICTIONS_PLOT = "predictions.png"
 MERGED_DIR = "merged"
 LABELS_FILE = "labels.csv"
 SCENE_SPLITS = ("downstream_train", "downstream_test")
+EIGEN_FRAME = (480, 640)  # NYUv2 frames, on which the Eigen crop is defined
+ORIGINAL_TARGET, TARGET_SIZE = "original_target", "target_size"  # evaluation batches: labels at their own size
 _STALE_OUTPUTS = ("predictions_*.npz", "predict_results_*.txt", PREDICTIONS_PLOT, MERGED_DIR)
 _NO_WEIGHT_DECAY = re.compile(r"global_tokens|cls_token|position_embeddings")
 _ENCODER_LAYER = re.compile(r"(?:^|\.)(?:multimae\.layers|encoder\.layer)\.(\d+)\.")
@@ -148,6 +151,7 @@ class DenseDataArguments:
     image_folder: str | None = option(
         None, "Folder layout <root>/<split>/{rgb,depth,semseg}/<id>.<ext> (+ labels.csv).", path="dir"
     )
+    unmatched: str = option("error", UNMATCHED_HELP, choices=list(UNMATCHED_MODES))
     dataset_name: str | None = field(
         default=None, metadata={"help": "Dataset on the Hub or a local dataset folder (datasets.load_dataset)."}
     )
@@ -167,8 +171,11 @@ class DenseDataArguments:
     num_eval_scenes: int = option(64, "Generated scenes: evaluation images.", minimum=1)
     scene_size: int = option(64, "Generated scenes: rendered side in pixels.", minimum=8)
     scene_seed: int = option(0, "Generated scenes: seed of the downstream scenes.", minimum=0)
-    image_size: int | None = option(
-        None, "Side of the square model input (default: the checkpoint's image_size).", minimum=1
+    image_size: list[int] | None = option(
+        None,
+        "Model input size: one side (square) or height width, multiples of the patch size (default: the "
+        "checkpoint's image_size). Scores are computed at each label's own size.",
+        minimum=1,
     )
     num_labels: int | None = option(
         None, "Classes (semseg: class ids 0..N-1; default from the scenes / dataset / class_names).", minimum=1
@@ -183,6 +190,9 @@ class DenseDataArguments:
     depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
     min_depth: float = option(1e-3, "Depth metrics: smallest valid depth (metres).", above=0)
     max_depth: float | None = option(10.0, "Depth metrics: depth cap (metres; NYUv2: 10).", above=0)
+    eigen_crop: bool = option(
+        False, "Depth metrics: score the Eigen crop of 480x640 frames only (rows 45:471, columns 41:601; NYUv2)."
+    )
     crop_scale: list[float] = option(
         default_factory=lambda: [0.5, 1.0],
         help="Training random resized crop: area fraction range.",
@@ -200,6 +210,8 @@ class DenseDataArguments:
         if self.column_mapping and self.dataset_name is None:
             raise UsageError("--column_mapping applies to --dataset_name only")
         check_options(self)
+        if self.image_size is not None and len(self.image_size) not in (1, 2):
+            raise UsageError(f"--image_size {self.image_size}: one side or height width")
         if self.class_names is not None and self.num_labels not in (None, len(self.class_names)):
             raise UsageError(f"--num_labels {self.num_labels} differs from the {len(self.class_names)} --class_names")
 
@@ -342,7 +354,11 @@ def _image_folder_data(
     splits = {}
     for split in (train_split, eval_split):
         try:
-            splits[split] = loaders.load_image_folder(root, split, modalities=needed, **checks)
+            splits[split] = loaders.load_image_folder(
+                root, split, modalities=needed, unmatched=data_args.unmatched, **checks
+            )
+        except loaders.UnmatchedStemsError as err:
+            raise loaders.unmatched_usage_error(err) from err
         except (ValueError, FileNotFoundError) as err:
             raise UsageError(f"{where}: {err}") from err
     label_names = data_args.class_names
@@ -429,6 +445,34 @@ def _checked_label_names(task: str, data: TaskData, num_labels: int | None) -> l
     return label_names
 
 
+def _missing(dataset: datasets.Dataset, column: str) -> np.ndarray:
+    """Which rows have no value in ``column`` (``--unmatched partial``: a file missing from its folder)."""
+    if column not in dataset.column_names:
+        return np.zeros(len(dataset), dtype=bool)
+    table = dataset.with_format("arrow")[:]  # the rows after select(), images not decoded
+    return table.column(column).is_null().to_numpy(zero_copy_only=False)
+
+
+def _without_missing_inputs(task: str, data: TaskData, input_modalities: Sequence[str]) -> TaskData:
+    """Examples lacking a modality (``--unmatched partial``): lacking an input, refused (the fine-tuning model
+    encodes every patch of its inputs); lacking the target, kept for training (filled with the no-label value: no
+    loss) and left out of the evaluation (nothing to score)."""
+    for split_name, dataset in (("training", data.train), ("evaluation", data.evaluation)):
+        for modality in input_modalities:
+            rows = np.flatnonzero(_missing(dataset, modality))
+            if rows.size:
+                ids = [dataset.with_format("arrow")[int(row)]["id"][0].as_py() for row in rows[:10]]
+                raise UsageError(
+                    f"the {split_name} examples {ids} of {data.description} have no {modality}, an input of the "
+                    "model; add the files or pass --unmatched drop"
+                )
+    unscored = _missing(data.evaluation, task) if task != "classification" else np.zeros(0, dtype=bool)
+    if unscored.any():
+        logger.warning("%d evaluation images without %s are not scored", int(unscored.sum()), task)
+        data = replace(data, evaluation=data.evaluation.select(np.flatnonzero(~unscored)))
+    return data
+
+
 def load_task_data(
     task: str, data_args: DenseDataArguments, input_modalities: Sequence[str], patch_size: int | None
 ) -> TaskData:
@@ -464,6 +508,7 @@ def load_task_data(
         evaluation=_limit(data.evaluation, limit),
         eval_split=f"{data.eval_split}[:{limit}]" if limited else data.eval_split,
     )
+    data = _without_missing_inputs(task, data, input_modalities)
     for name, dataset in (("training", data.train), ("evaluation", data.evaluation)):
         if len(dataset) == 0:
             option = "--train_split" if name == "training" else "--eval_split"
@@ -474,24 +519,122 @@ def load_task_data(
 @dataclass
 class DenseCollator:
     """Processed rows -> model batch: ``pixel_values`` (RGB), extra input modalities by name, ``labels``
-    (semseg (B,H,W) int64, depth (B,H,W) metres with 0 = invalid, classification (B,) int64)."""
+    (semseg (B,H,W) int64, depth (B,H,W) metres with 0 = invalid, classification (B,) int64). A missing dense target
+    (``--unmatched partial``) is filled with the no-label value (``ignore_index`` / 0 m): no loss. Evaluation rows
+    also carry the target at its own resolution (:class:`OriginalTargets`), passed on for :class:`DenseTrainer`."""
 
     task: str
     extra_inputs: tuple[str, ...] = ()
+    ignore_index: int = 255
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        def stack(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.stack([np.asarray(feature[name]) for feature in features]))
+        def stack(name: str, fill: float | None = None) -> torch.Tensor:
+            values = [None if feature[name] is None else np.asarray(feature[name]) for feature in features]
+            present = next(value for value in values if value is not None)
+            values = [np.full_like(present, fill) if value is None else value for value in values]
+            return torch.from_numpy(np.stack(values))
 
         batch = {"pixel_values": stack("rgb")}
         batch.update({name: stack(name) for name in self.extra_inputs})
         if self.task == "classification":
             batch["labels"] = torch.tensor([int(feature["label"]) for feature in features], dtype=torch.long)
         elif self.task == "depth":
-            batch["labels"] = stack("depth")[:, 0]
+            batch["labels"] = stack("depth", fill=0.0)[:, 0]
         else:
-            batch["labels"] = stack("semseg").long()
+            batch["labels"] = stack("semseg", fill=self.ignore_index).long()
+        if ORIGINAL_TARGET in features[0]:
+            batch[ORIGINAL_TARGET] = stack(ORIGINAL_TARGET)
+            batch[TARGET_SIZE] = stack(TARGET_SIZE)
         return batch
+
+
+@dataclass
+class OriginalTargets:
+    """Evaluation transform: the processed rows plus each target at its own resolution (``original_target``, padded
+    to ``canvas`` with the no-label value) and its ``target_size`` (height, width), which :class:`DenseTrainer`
+    scores against (the NYUv2 convention: the labels are never resized)."""
+
+    transform: MultiMAETransform
+    task: str
+    canvas: tuple[int, int]
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        out = self.transform(batch)
+        processor = self.transform.processor
+        fill, dtype = (processor.ignore_index, np.int32) if self.task == "semseg" else (0.0, np.float32)
+        out[ORIGINAL_TARGET], out[TARGET_SIZE] = [], []
+        for image_id, value in zip(batch["id"], batch[self.task], strict=True):
+            target = processor.decode_example({self.task: value}, f"row {image_id}")[self.task]
+            padded = np.full(self.canvas, fill, dtype=dtype)
+            padded[: target.shape[0], : target.shape[1]] = target
+            out[ORIGINAL_TARGET].append(padded)
+            out[TARGET_SIZE].append(np.asarray(target.shape, dtype=np.int64))
+        return out
+
+
+def _requested_image_size(image_size: list[int] | None, patch_size: int) -> tuple[int, int] | None:
+    """``--image_size`` (one side or height width) as (height, width), each a multiple of the patch size."""
+    if image_size is None:
+        return None
+    height, width = (image_size * 2)[:2]
+    if height % patch_size or width % patch_size:
+        raise UsageError(
+            f"--image_size {' '.join(map(str, image_size))}: not a multiple of the checkpoint's patch size {patch_size}"
+        )
+    return height, width
+
+
+def target_sizes(task: str, dataset: datasets.Dataset, depth_scale: float) -> list[tuple[int, int]]:
+    """(height, width) of every target of ``dataset`` (raw rows) at its own resolution."""
+    processor = MultiMAEImageProcessor(depth_scale=depth_scale)
+    return [
+        processor.decode_example({task: row[task]}, f"row {row['id']}")[task].shape
+        for row in dataset.select_columns(["id", task])
+    ]
+
+
+class DenseTrainer(Trainer):
+    """``Trainer`` scoring dense predictions at each label's own resolution (the NYUv2 convention): the model's output
+    at its input size is upsampled bilinearly to the label's size (segmentation: the logits, then argmax) and
+    compared with the label as stored. The evaluation loss stays the model's, at the input size."""
+
+    def __init__(self, *args: Any, task: str, ignore_index: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.task, self.ignore_index = task, ignore_index
+
+    def prediction_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        targets, sizes = inputs.pop(ORIGINAL_TARGET, None), inputs.pop(TARGET_SIZE, None)
+        loss, outputs, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        if targets is None or outputs is None:
+            return loss, outputs, labels
+        predictions = upsample_predictions(self.task, _first(outputs), sizes, targets.shape[-2:], self.ignore_index)
+        return loss, predictions, targets.to(predictions.device)
+
+
+def upsample_predictions(
+    task: str, outputs: torch.Tensor, sizes: torch.Tensor, canvas: Sequence[int], ignore_index: int
+) -> torch.Tensor:
+    """Per example, ``outputs`` (semseg logits (B,C,h,w), depth (B,h,w) metres) upsampled bilinearly to its label
+    size ``sizes[i]`` (segmentation: then argmax), on a ``canvas`` filled with the no-label value elsewhere."""
+    semseg = task == "semseg"
+    predictions = torch.full(
+        (len(outputs), *canvas),
+        ignore_index if semseg else 0.0,
+        dtype=torch.int32 if semseg else torch.float32,
+        device=outputs.device,
+    )
+    for index, (height, width) in enumerate(sizes.tolist()):
+        values = outputs[index : index + 1].float()
+        values = values if semseg else values[:, None]
+        upsampled = torch.nn.functional.interpolate(values, size=(height, width), mode="bilinear", align_corners=False)
+        predictions[index, :height, :width] = upsampled[0].argmax(0) if semseg else upsampled[0, 0]
+    return predictions
 
 
 # -------------------------------------------------------------------------------------------------------- model
@@ -534,9 +677,9 @@ def load_model(
     lora_args: LoraArguments,
     label_names: list[str] | None,
     ignore_index: int,
-) -> tuple[PreTrainedModel | PeftModel, int]:
-    """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size the
-    checkpoint was trained at."""
+) -> tuple[PreTrainedModel | PeftModel, tuple[int, int]]:
+    """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size
+    (height, width) the checkpoint was trained at."""
     path, task = run_args.model_name_or_path, run_args.task
     model_type = checkpoint_model_type(path, task)
     labels = (
@@ -556,7 +699,7 @@ def load_model(
         height, width = (size, size) if isinstance(size, int) else size
         if height != width:
             raise UsageError(f"{path}: image_size {size} is not square")
-        image_size, head_modules = height, ["classifier"]
+        image_size, head_modules = (height, width), ["classifier"]
     else:
         model_class, head_modules = MULTIMAE_HEADS[task]
         head_sizes = {name: value for name, value in (("neck_hidden_sizes", model_args.neck_hidden_sizes),
@@ -569,9 +712,7 @@ def load_model(
             raise UsageError(f"--input_modalities {unknown}: {path} has the modalities {known}")
         config.finetune_modalities = list(model_args.input_modalities)
         model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
-        if config.image_height != config.image_width:
-            raise UsageError(f"{path}: image_size {config.image_size} is not square; set --image_size")
-        image_size = config.image_height
+        image_size = (config.image_height, config.image_width)
     if lora_args.use_lora:
         model = get_peft_model(
             model,
@@ -584,7 +725,7 @@ def load_model(
             ),
         )
         model.print_trainable_parameters()
-    return model, int(image_size)
+    return model, image_size
 
 
 def parameter_groups(
@@ -628,7 +769,8 @@ def _metric_kwargs(task: str, num_labels: int | None, data_args: DenseDataArgume
     if task == "semseg":
         return {"num_labels": num_labels, "ignore_index": data_args.ignore_index}
     if task == "depth":
-        return {"min_depth": data_args.min_depth, "max_depth": data_args.max_depth}
+        crop = "eigen" if data_args.eigen_crop else None
+        return {"min_depth": data_args.min_depth, "max_depth": data_args.max_depth, "crop": crop}
     return {"top_k": (1, 5) if num_labels >= 5 else (1,)}
 
 
@@ -660,8 +802,8 @@ def compute_task_metrics(
 def build_compute_metrics(
     task: str, metric_kwargs: dict[str, Any], label_names: list[str] | None
 ) -> Callable[[EvalPrediction], dict[str, float]]:
-    """``compute_metrics`` for the Trainer (semseg predictions arrive as class maps, see
-    :func:`preprocess_logits`)."""
+    """``compute_metrics`` for the Trainer (dense predictions arrive at the labels' own size as class maps or depth
+    maps, see :class:`DenseTrainer`)."""
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
         return compute_task_metrics(
@@ -673,11 +815,6 @@ def build_compute_metrics(
 
 def _first(predictions: np.ndarray | tuple) -> np.ndarray:
     return predictions[0] if isinstance(predictions, tuple) else predictions
-
-
-def preprocess_logits(logits: torch.Tensor | tuple, labels: torch.Tensor) -> torch.Tensor:
-    """Keep class maps, not per-class logits, of semantic segmentation during evaluation (memory)."""
-    return _first(logits).argmax(dim=1)
 
 
 def write_predictions(
@@ -748,19 +885,29 @@ def run_finetune(
     model_args.check_task(task)
     checkpoint_model_type(run_args.model_name_or_path, task)
     config, _ = PretrainedConfig.get_config_dict(run_args.model_name_or_path)
+    requested_size = _requested_image_size(data_args.image_size, int(config.get("patch_size", 16)))
+    if data_args.eigen_crop and task != "depth":
+        raise UsageError(f"--eigen_crop applies to --task depth, not {task}")
     data = load_task_data(task, data_args, model_args.input_modalities, int(config.get("patch_size", 16)))
+    sizes = [] if task == "classification" else target_sizes(task, data.evaluation, data_args.depth_scale)
+    other_frames = {size for size in sizes if size != EIGEN_FRAME}
+    if data_args.eigen_crop and other_frames:
+        raise UsageError(
+            f"--eigen_crop: the Eigen crop is defined on {EIGEN_FRAME[0]}x{EIGEN_FRAME[1]} frames; the evaluation "
+            f"depth maps include {'/'.join(f'{h}x{w}' for h, w in sorted(other_frames)[:3])}"
+        )
     claim_for_new_run(
         training_args.output_dir, run_args.overwrite_output_dir, training_args.should_save, _STALE_OUTPUTS
     )
     set_seed(training_args.seed)
     model, checkpoint_size = load_model(run_args, model_args, lora_args, data.label_names, data_args.ignore_index)
-    image_size = data_args.image_size or checkpoint_size
+    image_size = requested_size or checkpoint_size
     if image_size != checkpoint_size and isinstance(model, ViTForImageClassification):
         raise UsageError(f"--image_size {image_size}: the ViT checkpoint is trained at {checkpoint_size} pixels")
     num_labels = None if data.label_names is None else len(data.label_names)
     processor = MultiMAEImageProcessor(
         **checkpoint_normalisation(run_args.model_name_or_path),
-        size=image_size,
+        size={"height": image_size[0], "width": image_size[1]},
         crop_scale=data_args.crop_scale,
         flip_probability=data_args.flip_probability,
         depth_scale=data_args.depth_scale,
@@ -773,19 +920,24 @@ def run_finetune(
     train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
     eval_transform = MultiMAETransform(processor, train=False, column_mapping=columns)
     eval_ids = list(data.evaluation["id"])
+    if task != "classification":
+        eval_transform = OriginalTargets(eval_transform, task, tuple(np.max(sizes, axis=0).tolist()))
     data.train.set_transform(train_transform)
     data.evaluation.set_transform(eval_transform)
 
     metric_kwargs = _metric_kwargs(task, num_labels, data_args)
     num_layers = int(config.get("num_hidden_layers", 0))
     register_process_group_teardown()  # a finished torchrun process must not abort at exit
-    trainer = Trainer(
+    trainer = DenseTrainer(
+        task=task,
+        ignore_index=data_args.ignore_index,
         model=model,
         args=training_args,
         train_dataset=data.train if training_args.do_train else None,
-        data_collator=DenseCollator(task, tuple(name for name in model_args.input_modalities if name != "rgb")),
+        data_collator=DenseCollator(
+            task, tuple(name for name in model_args.input_modalities if name != "rgb"), data_args.ignore_index
+        ),
         compute_metrics=build_compute_metrics(task, metric_kwargs, data.label_names),
-        preprocess_logits_for_metrics=preprocess_logits if task == "semseg" else None,
         callbacks=[SetEpochCallback([train_transform])],
         optimizer_cls_and_kwargs=(
             torch.optim.AdamW,

@@ -20,6 +20,7 @@ from typing import Any
 
 from PIL import Image
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,10 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 TARGET_COLUMNS = (*MODALITIES, "id", "label")
 # What to do with an example missing from some modality folder: refuse, drop it, or keep it with that modality absent.
 UNMATCHED_MODES = ("error", "drop", "partial")
+UNMATCHED_HELP = (
+    "--image_folder: an example missing from some modality folder is an error, dropped, or kept (partial: the "
+    "missing modality is filled with an invalid value and hidden, so it gets no input and no loss)."
+)
 
 
 class UnmatchedStemsError(ValueError):
@@ -41,6 +46,14 @@ class UnmatchedStemsError(ValueError):
             "unmatched='drop' to keep only complete examples or unmatched='partial' to keep them without the "
             "missing modalities"
         )
+
+
+def unmatched_usage_error(error: UnmatchedStemsError) -> UsageError:
+    """The recipes' one-line refusal of an incomplete folder, naming the ``--unmatched`` choices."""
+    return UsageError(
+        f"--image_folder: {error.split_dir}: {describe_unmatched(error.unmatched)}; add the missing files, or pass "
+        "--unmatched drop (keep complete examples only) or --unmatched partial (keep them without those modalities)"
+    )
 
 
 def describe_unmatched(unmatched: Mapping[str, list[str]]) -> str:
