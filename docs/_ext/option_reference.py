@@ -68,7 +68,7 @@ def type_text(f: dataclasses.Field) -> str:
 
 
 def help_text(f: dataclasses.Field) -> str:
-    text = f.metadata.get("help", "")
+    text = f.metadata.get("help", "").replace("%%", "%")  # argparse's escape of a literal %
     if choices := f.metadata.get("choices"):
         text = f"{text} Choices: {', '.join(map(str, choices))}.".strip()
     accepted = f.metadata.get("accepted")  # robust_pretrain.options.Accepted: ranges are already in the help
