@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from PIL import Image
 from transformers import AutoImageProcessor
 from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
@@ -18,6 +16,9 @@ from transformers.processing_utils import ImagesKwargs
 
 from robust_pretrain.seeding import SharedEpoch, keyed_rng, stable_hash
 from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
+
+if TYPE_CHECKING:
+    import torch
 
 MODALITIES = ("rgb", "depth", "semseg")
 _INTEGER_DEPTH_MODES = ("I;16", "I;16B", "I;16L", "I")
@@ -375,6 +376,8 @@ def _target_sizes(
 
 def _resize_map(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """(C,h,w) -> (C,H,W), bilinear (as the MM-MAE heads upsample)."""
+    from torch.nn import functional as F  # torch only for post-processing model outputs
+
     return F.interpolate(maps[None].float(), size=size, mode="bilinear", align_corners=False)[0]
 
 
