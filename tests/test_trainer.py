@@ -512,6 +512,7 @@ def test_task_losses_model_with_accumulation_logs_the_effective_weights(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("changed", "message"),
     [
