@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForPreTraining, set_seed
 
@@ -50,6 +51,7 @@ from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
 from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor, MultiMAETransform
+from robust_pretrain.vision.loaders import UNMATCHED_HELP, UNMATCHED_MODES, UnmatchedStemsError, unmatched_usage_error
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ class DataArguments:
     validation_split_percentage: int = option(
         5, "Percent of the training data held out when there is no held-out split.", minimum=1, maximum=99
     )
+    unmatched: str = option("error", UNMATCHED_HELP, choices=list(UNMATCHED_MODES))
     depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
     do_reduce_labels: bool = option(
         False,
@@ -243,13 +246,12 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
             )
         splits = sorted(p.name for p in root.iterdir() if p.is_dir())
         held_out = _held_out_split(splits, data_args)
+        checks.update(modalities=model_args.modalities, unmatched=data_args.unmatched)
         try:
-            train = loaders.load_image_folder(root, data_args.train_split, modalities=model_args.modalities, **checks)
-            evaluation = (
-                None
-                if held_out is None
-                else loaders.load_image_folder(root, held_out, modalities=model_args.modalities, **checks)
-            )
+            train = loaders.load_image_folder(root, data_args.train_split, **checks)
+            evaluation = None if held_out is None else loaders.load_image_folder(root, held_out, **checks)
+        except UnmatchedStemsError as err:
+            raise unmatched_usage_error(err) from err
         except (ValueError, FileNotFoundError) as err:
             raise UsageError(f"--image_folder {root}: {err}") from err
     elif data_args.dataset_name is not None:
@@ -285,6 +287,34 @@ def load_images(data_args: DataArguments, model_args: ModelArguments, num_classe
     if data_args.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(data_args.max_eval_samples, len(evaluation))))
     return train, evaluation
+
+
+def check_partial_examples(
+    data: Any, split: str, task_names: list[str], fill_values: dict[str, float], budget: int, num_patches: int
+) -> None:
+    """Examples missing a modality (``--unmatched partial``) are refused when that modality has no fill value (rgb:
+    its loss has no invalid value, so it would learn the filler) or when they have too few patches for the budget of
+    visible tokens."""
+    table = data.with_format("arrow")[:]  # the rows after select(), images not decoded
+    missing = {
+        name: table.column(name).is_null().to_numpy(zero_copy_only=False)
+        for name in task_names
+        if name in table.column_names
+    }
+    ids = table.column("id").to_pylist()
+    for name, rows in missing.items():
+        if name not in fill_values and rows.any():
+            lacking = [ids[row] for row in np.flatnonzero(rows)[:10]]
+            raise UsageError(
+                f"the {split} examples {lacking} have no {name}, which cannot be left out (its loss has no invalid "
+                "value to fill in); add the files or pass --unmatched drop"
+            )
+    fewest = len(missing) - int(np.sum(list(missing.values()), axis=0).max()) if missing else 0
+    if missing and budget > fewest * num_patches:
+        raise UsageError(
+            f"--num_visible_tokens {budget} exceeds the {fewest * num_patches} patches of a {split} example with only "
+            f"{fewest} of the modalities; lower it or pass --unmatched drop"
+        )
 
 
 @dataclass
@@ -443,6 +473,9 @@ def run(argv: list[str]) -> dict:
             f"--num_visible_tokens {budget} exceeds the {config.num_patches * len(present)} patches of "
             f"the {len(present)} modalities of the data at image size {config.image_size}"
         )
+    fill = {s.name: (s.ignore_index if s.kind == "semseg" else 0.0) for s in config.modalities if s.kind != "rgb"}
+    for split, data in (("training", train_raw), ("held-out", eval_raw)):
+        check_partial_examples(data, split, task_names, fill, budget, config.num_patches)
 
     columns = {name: name for name in task_names}
     train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)
@@ -452,7 +485,6 @@ def run(argv: list[str]) -> dict:
     )
 
     def mask_collator(seed: int) -> ModalityMaskCollator:
-        fill = {s.name: (s.ignore_index if s.kind == "semseg" else 0.0) for s in config.modalities if s.kind != "rgb"}
         return ModalityMaskCollator(
             budget, config.patch_size, alpha=data_args.mask_alpha, modalities=task_names, fill_values=fill, seed=seed
         )
