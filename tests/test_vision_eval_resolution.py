@@ -121,6 +121,7 @@ def test_scores_at_the_labels_own_resolution(checkpoint: Path, tmp_path: Path, t
     assert finetune(checkpoint, folder, task, output_dir) == 0
     reported = json.loads((output_dir / "eval_results.json").read_text())[f"eval_{metric}"]
     assert json.loads((output_dir / "preprocessor_config.json").read_text())["size"] == {"height": 24, "width": 32}
+    assert json.loads((output_dir / "config.json").read_text())["image_size"] == [24, 32]
     at_size, squashed = by_hand(task, output_dir, folder)
     assert reported == pytest.approx(at_size, rel=1e-5)
     assert abs(reported - squashed) > 1e-3

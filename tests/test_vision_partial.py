@@ -94,14 +94,20 @@ def test_pretraining_on_frames_without_depth(tmp_path: Path, capsys) -> None:
     assert both.task_counts["rgb"] > alone.task_counts["rgb"]  # b1 still counts where it has data
 
 
-def test_pretraining_refuses_frames_without_rgb(tmp_path: Path, capsys) -> None:
+def test_pretraining_refuses_frames_without_rgb_or_room_for_the_budget(tmp_path: Path, capsys) -> None:
     root = partial_folder(tmp_path / "data")
     (root / "train" / "rgb" / "a2.png").unlink()
     assert recipe.main(argv(tmp_path / "out", "--image_folder", str(root), *FOLDER, "--unmatched", "partial")) == 2
     assert "the training examples ['a2'] have no rgb, which cannot be left out" in one_line_error(capsys)
+    too_many = ["--unmatched", "partial", "--num_visible_tokens", "40"]  # < 3 x 16 patches, > the 2 x 16 of a1
+    write_folder(root, "train", ["a2"], modalities=("rgb",))
+    assert recipe.main(argv(tmp_path / "out", "--image_folder", str(root), *FOLDER, *too_many)) == 2
+    assert "--num_visible_tokens 40 exceeds the 32 patches of a training example with only 2 of the modalities" in (
+        one_line_error(capsys)
+    )
     bad = ["--unmatched", "some"]
     assert recipe.main(argv(tmp_path / "out", "--image_folder", str(root), *FOLDER, *bad)) == 2
-    assert "--unmatched" in capsys.readouterr().err
+    assert "--unmatched" in (err := one_line_error(capsys)) and "partial" in err
 
 
 def dense(checkpoint_dir: Path, root: Path, task: str, output_dir: Path, *extra: str) -> int:

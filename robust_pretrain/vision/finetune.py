@@ -904,6 +904,8 @@ def run_finetune(
     image_size = requested_size or checkpoint_size
     if image_size != checkpoint_size and isinstance(model, ViTForImageClassification):
         raise UsageError(f"--image_size {image_size}: the ViT checkpoint is trained at {checkpoint_size} pixels")
+    if requested_size is not None and model.config.model_type == MultiMAEConfig.model_type:
+        model.config.image_size = list(image_size)  # saved with the model: the size it is fine-tuned at
     num_labels = None if data.label_names is None else len(data.label_names)
     processor = MultiMAEImageProcessor(
         **checkpoint_normalisation(run_args.model_name_or_path),
