@@ -141,3 +141,14 @@ def test_finetune_dense_on_frames_without_depth(checkpoint: Path, tmp_path: Path
     # drop keeps the complete frames only
     assert dense(checkpoint, root, "depth", tmp_path / "drop", "--unmatched", "drop") == 0
     assert json.loads((tmp_path / "drop" / "all_results.json").read_text())["train_samples"] == 5
+
+
+@pytest.mark.parametrize(("task", "fill"), [("depth", 0.0), ("semseg", 255)])
+def test_dense_collator_fills_missing_targets_even_for_a_whole_batch(task: str, fill: float) -> None:
+    rgb = np.zeros((3, 8, 12), dtype=np.float32)
+    target = np.ones((1, 8, 12), dtype=np.float32) if task == "depth" else np.ones((8, 12), dtype=np.int64)
+    collate = finetune.DenseCollator(task, ignore_index=255)
+    mixed = collate([{"rgb": rgb, task: target}, {"rgb": rgb, task: None}])["labels"]
+    assert mixed.shape == (2, 8, 12) and (mixed[0] == 1).all() and (mixed[1] == fill).all()
+    empty = collate([{"rgb": rgb, task: None}] * 2)["labels"]
+    assert empty.shape == (2, 8, 12) and (empty == fill).all()

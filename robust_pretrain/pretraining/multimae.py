@@ -6,7 +6,9 @@
 Data: generated indoor scenes by default (:mod:`robust_pretrain.vision.scenes`: RGB, metric depth, class maps), or a
 folder layout ``<root>/<split>/{rgb,depth,semseg}/<id>.<ext>`` (``--image_folder``), or any ``datasets`` dataset
 (``--dataset_name`` with ``--column_mapping rgb=image depth=depth_map ...``). A modality the data do not have is an
-absent task (no loss, weight 0). Training examples get one random resized crop and flip shared by all their
+absent task (no loss, weight 0); a frame lacking one modality file is refused unless ``--unmatched drop`` (complete
+frames only) or ``partial`` (kept: the collator fills that modality with an invalid value and hides it, so it gives
+no input and no loss for that frame). Training examples get one random resized crop and flip shared by all their
 modalities (the image processor) and a Dirichlet(``mask_alpha``) split of ``num_visible_tokens`` visible patches
 across their modalities (the collator); both draw from ``(seed, epoch, image id)``, so a resumed run sees the same
 crops and masks as an uninterrupted one. Held-out images are resized whole and masked by a fixed draw

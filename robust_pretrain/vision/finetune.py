@@ -12,7 +12,13 @@ Data: the generated scenes' downstream splits (``downstream_train`` / ``downstre
 pre-training) by default; a folder layout ``<root>/<split>/{rgb,depth,semseg}/<id>.<ext>`` (classification: a
 ``<root>/<split>/labels.csv`` with columns ``id,label``); or a ``datasets`` dataset with ``--column_mapping``.
 Every image is checked before training (unreadable files, label maps of another aspect ratio, class ids outside the
-classes, depth maps without a valid pixel, an empty evaluation split), each error naming the file or option.
+classes, depth maps without a valid pixel, an empty evaluation split), each error naming the file or option. A folder
+whose frames lack a modality file is refused unless ``--unmatched drop`` (complete frames only) or ``partial`` (a
+missing target gives no loss and the image is not scored; a missing input is refused).
+
+Evaluation follows the NYUv2 convention: the model reads the image at ``--image_size`` (one side or height width),
+its output is upsampled bilinearly to each label's stored size (segmentation: the logits, then argmax) and scored
+against the label as stored, never resized; ``--eigen_crop`` and ``--max_depth`` set the depth protocol.
 
 Protocol (MultiMAE's fine-tuning settings): AdamW, peak lr 1e-4, weight decay 0.05 (none on biases, norms and
 tokens), layer-wise lr decay 0.75 (``--layer_decay 1`` turns it off), linear warm-up then cosine decay; training
@@ -529,10 +535,12 @@ class DenseCollator:
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         def stack(name: str, fill: float | None = None) -> torch.Tensor:
-            values = [None if feature[name] is None else np.asarray(feature[name]) for feature in features]
-            present = next(value for value in values if value is not None)
-            values = [np.full_like(present, fill) if value is None else value for value in values]
-            return torch.from_numpy(np.stack(values))
+            values = [feature[name] for feature in features]
+            if any(value is None for value in values):  # a missing target: depth (1,H,W) metres, semseg (H,W) ids
+                height, width = np.shape(features[0]["rgb"])[-2:]
+                shape, dtype = ((1, height, width), np.float32) if name == "depth" else ((height, width), np.int64)
+                values = [np.full(shape, fill, dtype) if value is None else value for value in values]
+            return torch.from_numpy(np.stack([np.asarray(value) for value in values]))
 
         batch = {"pixel_values": stack("rgb")}
         batch.update({name: stack(name) for name in self.extra_inputs})
