@@ -5,6 +5,8 @@ size (and differing from the squashed-label score), the Eigen crop and depth cap
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from ports import free_port
+from processes import checkout_env
 from test_vision_finetune import checkpoint, tiny_config  # noqa: F401 (the module-scoped checkpoint fixture)
 
 from robust_pretrain.vision.finetune import main, recompute_metrics
@@ -176,3 +180,31 @@ def test_bad_evaluation_options_are_one_line(
     assert finetune(checkpoint, folder, task, tmp_path / "out", *extra) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_two_processes_score_at_the_labels_own_resolution_like_one(checkpoint: Path, tmp_path: Path) -> None:  # noqa: F811
+    """torchrun, 2 processes, 5 eval images (uneven shards): the padded label-size predictions and labels gather
+    to the single-process ones and scores."""
+    folder = tmp_path / "frames"
+    write_frames(folder, "train", 4, seed=1)
+    write_frames(folder, "validation", 5, seed=2)
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "finetune_dense.py"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    common = ["--task", "semseg", "--image_folder", str(folder), "--num_labels", str(CLASSES), "--image_size", "24",
+              "32", "--per_device_eval_batch_size", "2", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+    argv = ["--model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / "ddp"), "--max_steps", "2",
+            "--per_device_train_batch_size", "2", *common]  # fmt: skip
+    subprocess.run([*launch, str(recipe), *argv], check=True, env=checkout_env(OMP_NUM_THREADS="1"), timeout=600)
+    distributed = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
+    assert distributed["eval_samples"] == 5
+    assert distributed["eval_mean_iou"] == pytest.approx(by_hand("semseg", tmp_path / "ddp", folder)[0], rel=1e-5)
+    one = main(["--model_name_or_path", str(tmp_path / "ddp"), "--output_dir", str(tmp_path / "one"),
+                "--do_train", "false", *common])  # fmt: skip
+    assert one == 0
+    single = json.loads((tmp_path / "one" / "eval_results.json").read_text())
+    assert single["eval_mean_iou"] == pytest.approx(distributed["eval_mean_iou"], rel=1e-6)
+    saved = [dict(np.load(tmp_path / run / "predictions_semseg.npz")) for run in ("one", "ddp")]
+    assert saved[0]["ids"].tolist() == saved[1]["ids"].tolist() and saved[0]["labels"].shape == (5, HEIGHT, WIDTH)
+    np.testing.assert_array_equal(saved[0]["predictions"], saved[1]["predictions"])
+    np.testing.assert_array_equal(saved[0]["labels"], saved[1]["labels"])

@@ -57,7 +57,7 @@ from transformers import (
     ViTForImageClassification,
     set_seed,
 )
-from transformers.trainer_utils import SaveStrategy
+from transformers.trainer_utils import EvalLoopOutput, SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
@@ -623,6 +623,15 @@ class DenseTrainer(Trainer):
             return loss, outputs, labels
         predictions = upsample_predictions(self.task, _first(outputs), sizes, targets.shape[-2:], self.ignore_index)
         return loss, predictions, targets.to(predictions.device)
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> EvalLoopOutput:
+        """Evaluate with the main process's buffers on every process: under DDP each process updates its own batch
+        norm statistics (the segmentation head's) in training, and evaluation does not wrap the model, so the other
+        processes would score a model other than the one saved."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.args.world_size > 1:
+            for buffer in self.model.buffers():
+                torch.distributed.broadcast(buffer, src=0)
+        return super().evaluation_loop(*args, **kwargs)
 
 
 def upsample_predictions(
