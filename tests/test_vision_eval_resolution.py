@@ -34,14 +34,16 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def write_frames(root: Path, split: str, count: int, seed: int, height: int = HEIGHT, width: int = WIDTH) -> None:
+def write_frames(
+    root: Path, split: str, count: int, seed: int, height: int = HEIGHT, width: int = WIDTH, first: int = 0
+) -> None:
     """rgb 8-bit, depth 16-bit mm (0 = missing), semseg 8-bit class ids with 255 = unlabelled; odd rows differ from
     even ones (depth x1.5, class + 1), so labels resized to the model input (every other row) change."""
     rng = np.random.default_rng(seed)
     for modality in ("rgb", "depth", "semseg"):
         (root / split / modality).mkdir(parents=True, exist_ok=True)
     odd_rows = (np.arange(height) % 2)[:, None]
-    for index in range(count):
+    for index in range(first, first + count):
         stem = f"{split}_{index}"
         rgb = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
         Image.fromarray(rgb).save(root / split / "rgb" / f"{stem}.png")
@@ -99,7 +101,8 @@ def by_hand(task: str, output_dir: Path, folder: Path, crop: tuple[int, ...] | N
         with torch.no_grad():
             output = model(pixel_values=torch.from_numpy(processed["rgb"])[None])
         values = output.logits if task == "semseg" else output.predicted_depth[:, None]
-        upsampled = torch.nn.functional.interpolate(values, size=(HEIGHT, WIDTH), mode="bilinear", align_corners=False)
+        size = target.size[::-1]  # the label's own (height, width)
+        upsampled = torch.nn.functional.interpolate(values, size=size, mode="bilinear", align_corners=False)
         if task == "semseg":
             at_size.append(upsampled[0].argmax(0).numpy())
             squashed_predictions.append(values[0].argmax(0).numpy())
@@ -155,6 +158,22 @@ def test_eigen_crop_and_depth_cap(checkpoint: Path, tmp_path: Path) -> None:  # 
     assert reported == pytest.approx(abs_rel(predictions, labels, crop=(45, 471, 41, 601), cap=8.0), rel=1e-5)
     assert reported != pytest.approx(abs_rel(predictions, labels, cap=8.0), rel=1e-3)  # without the crop
     assert reported != pytest.approx(abs_rel(predictions, labels, crop=(45, 471, 41, 601)), rel=1e-3)  # no cap
+    assert recompute_metrics(output_dir / "predictions_depth.npz")["abs_rel"] == pytest.approx(reported, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_labels_of_several_sizes(checkpoint: Path, tmp_path: Path) -> None:  # noqa: F811
+    """48x64 and 24x32 frames in one evaluation split: each scored at its own size (padded in the saved file)."""
+    folder = tmp_path / "frames"
+    write_frames(folder, "train", 4, seed=1)
+    write_frames(folder, "validation", 2, seed=2)
+    write_frames(folder, "validation", 2, seed=3, height=HEIGHT // 2, width=WIDTH // 2, first=2)
+    output_dir = tmp_path / "out"
+    assert finetune(checkpoint, folder, "semseg", output_dir) == 0
+    reported = json.loads((output_dir / "eval_results.json").read_text())["eval_mean_iou"]
+    assert reported == pytest.approx(by_hand("semseg", output_dir, folder)[0], rel=1e-5)
+    saved = np.load(output_dir / "predictions_semseg.npz")
+    assert saved["labels"].shape == (4, HEIGHT, WIDTH) and (saved["labels"][2:, HEIGHT // 2 :] == 255).all()
 
 
 @pytest.mark.parametrize(
