@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import atexit
 import functools
-import gc
 import json
 import math
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -65,6 +65,8 @@ from .weighting import Weighting
 logger = logging.get_logger(__name__)
 
 WEIGHTING_STATE_NAME = "weighting_state.json"
+#: how long the exit handler releases the GIL for the process group's threads to finish their last work
+WORKER_DRAIN_SECONDS = 0.2
 #: batch columns kept whatever the model's ``forward`` accepts (``labels`` go with ``task_ids``, never to the model)
 TASK_COLUMNS = ("labels", "shift_labels", "task_ids", "token_task_ids", "word_ids", "special_tokens_mask")
 
@@ -504,10 +506,9 @@ def register_process_group_teardown() -> None:
 
     Left alive, a gloo worker thread may still be releasing its last work (which holds Python tensors) when the
     interpreter finalises; it cannot take the GIL then, and the finished process aborts (``terminate called without an
-    active exception``, exit -6): torchrun reports a failure. Destroying the group unregisters it, and a garbage
-    collection then frees the objects that still hold it (the trainer's reference cycles: DDP reducer, FSDP2 device
-    mesh) while the interpreter is alive, so the group's threads are joined before finalisation. A trainer kept in a
-    module-level variable keeps its group alive until finalisation: ``del`` it at the end of such a script.
+    active exception``, exit -6): torchrun reports a failure. So the group is destroyed and the GIL released briefly
+    while the interpreter is alive, letting those threads finish; freeing the group here (a garbage collection) could
+    deadlock instead, its destructor joining a thread that waits for the GIL.
     """
     atexit.register(_destroy_process_group)
 
@@ -515,7 +516,7 @@ def register_process_group_teardown() -> None:
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-        gc.collect()
+        time.sleep(WORKER_DRAIN_SECONDS)
 
 
 class _LogLastStepCallback(TrainerCallback):
