@@ -10,6 +10,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
+from processes import checkout_env
 from test_recipe_pretrain import (  # noqa: F401  (_one_thread: fixture)
     DEMO_CONFIG,
     MINILM,
@@ -191,7 +192,7 @@ def test_recipe_script_exit_status(tmp_path: Path) -> None:
     """``recipes/pretrain_pos_mlm.py`` as a user runs it: status 2, the message, no traceback."""
     command = [sys.executable, str(RECIPES / "pretrain_pos_mlm.py"), "--config", str(DEMO_CONFIG)]
     command += ["--output_dir", str(tmp_path / "out"), "--mlm_probability", "0"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=checkout_env())
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "robust-pretrain-pos-mlm: error: --mlm_probability must be in (0, 1], got 0.0" in proc.stderr

@@ -254,7 +254,9 @@ def test_auto_classes_load_the_checkpoint_in_a_fresh_interpreter(tmp_path):
                           "losses": {{k: float(v) for k, v in out.task_losses.items()}}}}))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=checkout_env(), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["classes"] == ["MultiMAEForPreTraining", "MultiMAEModel"]
@@ -274,7 +276,9 @@ def test_registration_is_lazy_and_independent_of_import_order():
     )
     outputs = []
     for script in (light, transformers_first):
-        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=checkout_env(), capture_output=True, text=True, timeout=300
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         outputs.append(result.stdout.strip().splitlines()[-1])
     assert outputs == ["[]", "['MultiMAEConfig', 'MultiMAEForSemanticSegmentation']"]

@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pytest
 from PIL import Image
+from processes import checkout_env
 
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 
@@ -184,7 +185,9 @@ def test_saved_as_preprocessor_config_and_loaded_by_auto_class(tmp_path):
         "print(json.dumps([type(p).__name__, p.size, list(p.crop_scale), p.depth_scale, p.num_classes, "
         "p.ignore_index]))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=checkout_env(), capture_output=True, text=True, check=True
+    )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [
         "MultiMAEImageProcessor",
         {"height": 32, "width": 48},
