@@ -136,7 +136,7 @@ def test_dense_card_states_task_metrics_protocol_and_data(tmp_path: Path) -> Non
         SimpleNamespace(input_modalities=["rgb", "depth"]),
         LoraArguments(),
         training_args,
-        SimpleNamespace(description="the image folder `nyu` (splits train / test)"),
+        SimpleNamespace(description="the image folder `nyu` (splits train / test)", eval_split="test"),
         {"eval_delta1": 0.812345, "eval_abs_rel": 0.2, "eval_loss": 1.0},
         12,
         "predictions_depth.npz",
@@ -144,6 +144,7 @@ def test_dense_card_states_task_metrics_protocol_and_data(tmp_path: Path) -> Non
     card = ModelCard.load(render_finetuning_card(tmp_path / "out", content))
     assert {(r.metric_type, r.metric_value) for r in card.data.eval_results} == {("delta1", 0.8123), ("abs_rel", 0.2)}
     assert card.data.eval_results[0].dataset_name == "the image folder `nyu`"
+    assert {r.dataset_split for r in card.data.eval_results} == {"test"}  # the split scored
     assert card.data.model_name == "mm-mae-depth" and card.data.tags == ["robust-pretrain", "depth-estimation"]
     assert "(full fine-tuning; AdamW, layer-wise lr decay 0.75, warm-up then a cosine schedule)" in card.text
     assert "Input: rgb + depth." in card.text and str(tmp_path) not in card.text
