@@ -180,6 +180,10 @@ class TaskSamplingWeighting(ProportionalWeighting):
         self.schedule.publish(self.step, sampling)  # self.step: the optimizer step just computed (1-based)
         return objective
 
+    def options(self) -> dict[str, Any]:
+        """The sampling strategy's name and options (the objective, ``proportional``, has none)."""
+        return {"sampler": type(self.sampler).__name__, "sampler_options": self.sampler.options()}
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "sampler": self.sampler.state_dict(), "schedule": self.schedule.state_dict()}
 

@@ -226,6 +226,16 @@ def _uniform() -> list[float]:
     return [1.0 / NUM_TASKS] * NUM_TASKS
 
 
+def test_sampling_options_are_json_and_name_the_sampler():
+    """The options a checkpoint records (a resume with other ones is refused) are the sampling strategy's."""
+    schedule = TaskSamplingSchedule(NUM_TASKS)
+    weighting = TaskSamplingWeighting(build_weighting("minimax", NUM_TASKS, alpha=0.5), schedule)
+    options = json.loads(json.dumps(weighting.options()))
+    assert options["sampler"] == "MinimaxWeighting" and options["sampler_options"]["alpha"] == 0.5
+    other = TaskSamplingWeighting(build_weighting("minimax", NUM_TASKS, alpha=1.0), TaskSamplingSchedule(NUM_TASKS))
+    assert other.options() != options
+
+
 def test_trainer_samples_with_minimax_weights_and_minimises_the_plain_mean(tmp_path):
     trainer, schedule = train_with_sampling(str(tmp_path), batch_size=8, accumulation=1, max_steps=5)
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
