@@ -11,7 +11,7 @@ import torch
 from ports import free_port
 from processes import checkout_env
 from safetensors.torch import load_file
-from tiny_training import TASKS, TaskLossBert, as_dataset, masked_examples, tiny_bert
+from tiny_training import TASKS, TaskLossBert, as_dataset, masked_examples, one_step_args, tiny_bert
 from transformers import BertConfig, BertForSequenceClassification, TrainerCallback
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
@@ -21,22 +21,7 @@ SCRIPT = Path(__file__).with_name("tiny_training.py")
 
 
 def make_args(tmp_path, **overrides) -> MinimaxTrainingArguments:
-    options = dict(
-        output_dir=str(tmp_path / "out"),
-        task_names=TASKS,
-        per_device_train_batch_size=8,
-        max_steps=1,
-        learning_rate=1e-3,
-        max_grad_norm=0.0,
-        report_to=[],
-        use_cpu=True,
-        seed=7,
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-    )
-    options.update(overrides)
-    return MinimaxTrainingArguments(**options)
+    return one_step_args(str(tmp_path / "out"), overrides.pop("task_names", TASKS), **overrides)
 
 
 class FixedWeighting(Weighting):

@@ -11,8 +11,8 @@ import argparse
 import os
 
 import torch
-from datasets import Dataset
 from safetensors.torch import save_file
+from tiny_training import as_dataset, one_step_args
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -40,31 +40,27 @@ def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
+#: the size of the tiny Llama-style decoders (Llama, Qwen2): grouped-query attention with one key/value head
+LLAMA_STYLE_SIZE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=SEQ,
+)
+
+
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=SEQ,
-    )
+    config = LlamaConfig(**LLAMA_STYLE_SIZE)
     return LlamaForCausalLM(config)
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=SEQ,
-    )
+    config = Qwen2Config(**LLAMA_STYLE_SIZE)
     return Qwen2ForCausalLM(config)
 
 
@@ -91,27 +87,8 @@ def domain_examples(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def as_dataset(examples: dict[str, torch.Tensor]) -> Dataset:
-    return Dataset.from_dict({k: v.tolist() for k, v in examples.items()})
-
-
 def make_args(output_dir: str, **overrides) -> MinimaxTrainingArguments:
-    options = dict(
-        output_dir=output_dir,
-        task_names=DOMAINS,
-        per_device_train_batch_size=8,
-        max_steps=1,
-        learning_rate=1e-3,
-        max_grad_norm=0.0,
-        report_to=[],
-        use_cpu=True,
-        seed=7,
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-    )
-    options.update(overrides)
-    return MinimaxTrainingArguments(**options)
+    return one_step_args(output_dir, overrides.pop("task_names", DOMAINS), **overrides)
 
 
 class GradRecorder(TrainerCallback):

@@ -118,6 +118,26 @@ class TaskLossBert(torch.nn.Module):
         }
 
 
+def one_step_args(output_dir: str, task_names: list[str], **overrides) -> MinimaxTrainingArguments:
+    """Arguments of a one-step CPU run that logs every step and saves nothing; ``overrides`` replace any of them."""
+    options = dict(
+        output_dir=output_dir,
+        task_names=task_names,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        learning_rate=1e-3,
+        max_grad_norm=0.0,
+        report_to=[],
+        use_cpu=True,
+        seed=7,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
+    options.update(overrides)
+    return MinimaxTrainingArguments(**options)
+
+
 def evaluate_both_modes(args: MinimaxTrainingArguments, num_examples: int) -> dict[str, dict[str, float]]:
     """Evaluation metrics of the same examples through ``labels`` + ``task_ids`` and through ``task_losses``."""
     examples = masked_examples(num_examples, seed=1)
