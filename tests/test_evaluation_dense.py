@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_recipe_pretrain import single_thread
 
 from robust_pretrain.evaluation import suite
 from robust_pretrain.evaluation.checkpoints import checkpoint_key
@@ -27,10 +28,8 @@ DISPLAY = {"semseg": "Segmentation", "depth": "Depth"}
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
 def tiny_model(seed: int) -> MultiMAEForPreTraining:

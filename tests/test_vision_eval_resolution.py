@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from ports import free_port
 from processes import checkout_env
+from test_recipe_pretrain import single_thread
 from test_vision_finetune import checkpoint, tiny_config  # noqa: F401 (the module-scoped checkpoint fixture)
 
 from robust_pretrain.vision.finetune import main, recompute_metrics
@@ -28,10 +29,8 @@ MODEL_CLASSES = {"semseg": MultiMAEForSemanticSegmentation, "depth": MultiMAEFor
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
 def write_frames(

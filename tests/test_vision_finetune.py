@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from ports import free_port
 from processes import checkout_env
+from test_recipe_pretrain import single_thread
 from transformers import BertConfig, BertModel
 
 from robust_pretrain.cli import UsageError
@@ -39,10 +40,8 @@ PRIMARY = {"semseg": "eval_mean_iou", "depth": "eval_delta1", "classification": 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """Tiny models run fastest on one thread (the CI machine's cores are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
 def tiny_config(**overrides) -> MultiMAEConfig:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_recipe_multimae import FOLDER, IMAGE, VISIBLE, argv, write_folder
+from test_recipe_pretrain import single_thread
 from test_vision_finetune import checkpoint, tiny_config  # noqa: F401 (the module-scoped checkpoint fixture)
 from transformers import AutoModelForPreTraining
 
@@ -25,10 +26,8 @@ WITHOUT_DEPTH = {"train": ["a1", "a4", "a6"], "test": ["b1"]}
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
 def partial_folder(root: Path, size: int = IMAGE, train: int = 8, test: int = 2) -> Path:

@@ -53,7 +53,13 @@ from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
 from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor, MultiMAETransform
-from robust_pretrain.vision.loaders import UNMATCHED_HELP, UNMATCHED_MODES, UnmatchedStemsError, unmatched_usage_error
+from robust_pretrain.vision.loaders import (
+    REDUCE_LABELS_HELP,
+    UNMATCHED_HELP,
+    UNMATCHED_MODES,
+    UnmatchedStemsError,
+    unmatched_usage_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -129,11 +135,7 @@ class DataArguments:
     )
     unmatched: str = option("error", UNMATCHED_HELP, choices=list(UNMATCHED_MODES))
     depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
-    do_reduce_labels: bool = option(
-        False,
-        "Semseg maps hold 0 = unlabelled, 1..K = classes (NYUv2): 0 becomes the ignore index, id becomes id - 1 "
-        "(mmseg / MultiMAE: reduce_zero_label).",
-    )
+    do_reduce_labels: bool = option(False, REDUCE_LABELS_HELP)
     num_train_scenes: int = option(2000, "Generated scenes: training images.", minimum=1)
     num_eval_scenes: int = option(200, "Generated scenes: held-out images.", minimum=1)
     scene_size: int = option(256, "Generated scenes: rendered side in pixels.", minimum=8)

@@ -72,7 +72,7 @@ from robust_pretrain.trainer import register_process_group_teardown
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
-from robust_pretrain.vision.loaders import UNMATCHED_HELP, UNMATCHED_MODES
+from robust_pretrain.vision.loaders import REDUCE_LABELS_HELP, UNMATCHED_HELP, UNMATCHED_MODES
 from robust_pretrain.vision.metrics import load_vision_metric
 from robust_pretrain.vision.modeling_multimae import (
     MultiMAEForDepthEstimation,
@@ -188,11 +188,7 @@ class DenseDataArguments:
     )
     class_names: list[str] | None = field(default=None, metadata={"help": "Class names, in class-id order."})
     ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
-    do_reduce_labels: bool = option(
-        False,
-        "Semseg maps hold 0 = unlabelled, 1..K = classes (NYUv2): 0 becomes ignore_index, id becomes id - 1 "
-        "(mmseg / MultiMAE: reduce_zero_label).",
-    )
+    do_reduce_labels: bool = option(False, REDUCE_LABELS_HELP)
     depth_scale: float = option(1000.0, "Integer depth units per metre (1000: millimetres).", above=0)
     min_depth: float = option(1e-3, "Depth metrics: smallest valid depth (metres).", above=0)
     max_depth: float | None = option(10.0, "Depth metrics: depth cap (metres; NYUv2: 10).", above=0)

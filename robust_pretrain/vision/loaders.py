@@ -29,6 +29,10 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 TARGET_COLUMNS = (*MODALITIES, "id", "label")
 # What to do with an example missing from some modality folder: refuse, drop it, or keep it with that modality absent.
 UNMATCHED_MODES = ("error", "drop", "partial")
+REDUCE_LABELS_HELP = (
+    "Semseg maps hold 0 = unlabelled, 1..K = classes (NYUv2): 0 becomes the ignore index, id becomes id - 1 "
+    "(mmseg / MultiMAE: reduce_zero_label)."
+)
 UNMATCHED_HELP = (
     "--image_folder: an example missing from some modality folder is an error, dropped, or kept (partial: the "
     "missing modality is filled with an invalid value and hidden, so it gets no input and no loss)."
