@@ -398,6 +398,7 @@ class MinimaxTrainer(Trainer):
                     logs[f"task_loss/{name}"] = round(float(sums[i] / counts[i]), 6)
             for i, name in enumerate(self.task_names):
                 logs[f"task_weight/{name}"] = round(float(self.step_weights[i]), 6)
+            logs.update(getattr(self.weighting, "log_values", dict)())  # e.g. minimax_alpha
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------------------------ optimizer / checkpoints

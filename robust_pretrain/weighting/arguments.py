@@ -17,7 +17,27 @@ ALPHA_SCHEDULES = ("constant", "sqrt")
 class WeightingArguments:
     """The options a strategy's constructor takes (each strategy takes a subset: ``accepted_options(name)``)."""
 
-    alpha: float = option(1.0, "minimax: softmax scale alpha (alpha_0 with the sqrt schedule).", above=0)
+    alpha: float = option(
+        1.0,
+        "minimax: softmax scale alpha (alpha_0 with the sqrt schedule); leave it unset with alpha_auto, which "
+        "chooses alpha each step.",
+        above=0,
+    )
+    alpha_auto: bool = option(
+        False,
+        "minimax: choose alpha each optimizer step (bisection, alpha >= 0) so that the weights' effective number of "
+        "tasks exp(H(w)) over the present tasks equals alpha_auto_k; this makes the weights independent of the "
+        "losses' unit. Needs alpha_schedule='constant' and alpha left at its default; the chosen alpha is logged "
+        "as minimax_alpha.",
+    )
+    alpha_auto_k: float | None = option(
+        None,
+        "minimax: target effective number of tasks k >= 1 of alpha_auto (setting it turns alpha_auto on; 1 = "
+        "hardmax, >= the number of present tasks |P| = uniform). Unset: k = sqrt(|P|), the weights' entropy half-way "
+        "between hardmax (0) and uniform (log |P|).",
+        minimum=1,
+        description=">= 1",
+    )
     alpha_schedule: str = option(
         "constant",
         "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), Thm 3.1).",
