@@ -65,6 +65,7 @@ from .weighting import Weighting
 logger = logging.get_logger(__name__)
 
 WEIGHTING_STATE_NAME = "weighting_state.json"
+TASK_METRICS_NAME = "task_metrics.jsonl"  # per-task training logs when T > max_logged_tasks
 #: how long the exit handler releases the GIL for the process group's threads to finish their last work
 WORKER_DRAIN_SECONDS = 0.2
 #: batch columns kept whatever the model's ``forward`` accepts (``labels`` go with ``task_ids``, never to the model)
@@ -393,13 +394,79 @@ class MinimaxTrainer(Trainer):
             pooled = self._all_reduce(self._train_sums.clone()).cpu()
             self._train_sums.zero_()
             sums, counts = pooled[: self.num_tasks], pooled[self.num_tasks :]
-            for i, name in enumerate(self.task_names):
-                if counts[i] > 0:
-                    logs[f"task_loss/{name}"] = round(float(sums[i] / counts[i]), 6)
-            for i, name in enumerate(self.task_names):
-                logs[f"task_weight/{name}"] = round(float(self.step_weights[i]), 6)
+            if self.num_tasks <= self.args.max_logged_tasks:
+                logs.update(self._per_task_logs(sums, counts))
+            else:
+                logs.update(self._task_summary(sums, counts))
+                self._write_task_metrics(sums, counts)
             logs.update(getattr(self.weighting, "log_values", dict)())  # e.g. minimax_alpha
         super().log(logs, start_time)
+
+    def _per_task_logs(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, float]:
+        """``task_loss/<name>`` (tasks with targets since the last log) and ``task_weight/<name>``, rounded to 6
+        digits: one tensor-to-list conversion each, whatever T is."""
+        if getattr(self, "_task_log_keys", None) is None:
+            self._task_log_keys = (
+                [f"task_loss/{name}" for name in self.task_names],
+                [f"task_weight/{name}" for name in self.task_names],
+            )
+        loss_keys, weight_keys = self._task_log_keys
+        losses = (sums / counts.clamp_min(1)).tolist()
+        logs = {key: round(loss, 6) for key, loss, n in zip(loss_keys, losses, counts.tolist(), strict=True) if n > 0}
+        logs.update(zip(weight_keys, (round(w, 6) for w in self.step_weights.tolist()), strict=True))
+        return logs
+
+    def _task_summary(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, Any]:
+        """The compact log of a run with more than ``max_logged_tasks`` tasks: ``worst_task`` (name),
+        ``worst_task_loss`` and ``mean_task_loss`` over the tasks with targets since the last log, and the entropy
+        (nats) and effective number ``exp(entropy)`` of the step's task weights normalised to sum to 1."""
+        summary: dict[str, Any] = {}
+        measured = counts > 0
+        if bool(measured.any()):
+            losses = torch.where(measured, sums / counts.clamp_min(1), -math.inf)
+            worst = int(losses.argmax())
+            summary["worst_task"] = self.task_names[worst]
+            summary["worst_task_loss"] = round(float(losses[worst]), 6)
+            summary["mean_task_loss"] = round(float(losses[measured].mean()), 6)
+        weights = self.step_weights.double().clamp_min(0)
+        if float(weights.sum()) > 0:
+            p = weights / weights.sum()
+            entropy = float(-(p * p.clamp_min(1e-300).log()).sum())
+            summary["task_weight_entropy"] = round(entropy, 6)
+            summary["task_weight_effective_number"] = round(math.exp(entropy), 4)
+        return summary
+
+    def _write_task_metrics(self, sums: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append ``{"step", "task_loss", "task_weight"}`` to ``task_metrics.jsonl`` in ``output_dir`` (main process
+        only), the values in task-id order as the per-task logs would give them (``null``: no targets since the last
+        log) after a first line ``{"task_names": [...]}``; and send them to TensorBoard when its callback is active.
+        The first write of a ``train()`` call drops the lines after the step it started from, so a resumed run neither
+        duplicates nor loses lines."""
+        if not self.is_world_process_zero():
+            return
+        path = os.path.join(self.args.output_dir, TASK_METRICS_NAME)
+        if getattr(self, "_task_metrics_state", None) is not self.state:  # first write of this train() call
+            self._task_metrics_state = self.state
+            truncate_task_metrics(path, getattr(self, "_initial_global_step", 0))
+            if not os.path.isfile(path):
+                os.makedirs(self.args.output_dir, exist_ok=True)
+                with open(path, "w") as stream:
+                    stream.write(json.dumps({"task_names": self.task_names}) + "\n")
+        step = self.state.global_step
+        losses = [
+            round(loss, 6) if n > 0 else None
+            for loss, n in zip((sums / counts.clamp_min(1)).tolist(), counts.tolist(), strict=True)
+        ]
+        weights = [round(weight, 6) for weight in self.step_weights.tolist()]
+        with open(path, "a") as stream:
+            stream.write(json.dumps({"step": step, "task_loss": losses, "task_weight": weights}) + "\n")
+        for callback in self.callback_handler.callbacks:
+            writer = getattr(callback, "tb_writer", None)
+            if writer is not None and type(callback).__name__ == "TensorBoardCallback":
+                for name, loss, weight in zip(self.task_names, losses, weights, strict=True):
+                    if loss is not None:
+                        writer.add_scalar(f"train/task_loss/{name}", loss, step)
+                    writer.add_scalar(f"train/task_weight/{name}", weight, step)
 
     # ------------------------------------------------------------------------------------ optimizer / checkpoints
     def create_optimizer(self, model=None):
@@ -518,6 +585,29 @@ def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         time.sleep(WORKER_DRAIN_SECONDS)
+
+
+def truncate_task_metrics(path: str, last_step: int) -> None:
+    """Keep the lines of ``task_metrics.jsonl`` up to ``last_step`` (a resumed run's checkpoint step), dropping later
+    ones and any torn line, in one atomic replace; a new run (``last_step`` 0) removes the file."""
+    if not os.path.isfile(path):
+        return
+    if last_step <= 0:
+        os.remove(path)
+        return
+    kept = []
+    with open(path) as stream:
+        for line in stream:
+            try:
+                entry = json.loads(line)
+                if entry.get("step", 0) <= last_step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, AttributeError, TypeError):
+                continue
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as stream:
+        stream.writelines(kept)
+    os.replace(temporary, path)
 
 
 class _LogLastStepCallback(TrainerCallback):

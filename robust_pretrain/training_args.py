@@ -92,6 +92,14 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         default=True,
         metadata={"help": "Compute vocabulary logits only at target positions when the model has an MLM head."},
     )
+    max_logged_tasks: int = option(
+        32,
+        "With more tasks than this, training logs (console, trainer_state.json) carry a summary (worst task and its "
+        "loss, mean task loss, entropy and effective number of the weights) instead of task_loss/<name> and "
+        "task_weight/<name> per task; those go to task_metrics.jsonl in output_dir (one line per logging step) and "
+        "to TensorBoard when it is a report_to target.",
+        minimum=0,
+    )
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:

@@ -237,11 +237,27 @@ class TaskGroupedMLMCollator:
         """One task per sequence (-1 if it has no task word), balanced over the batch as described above."""
         batch_size = word_tasks.shape[0]
         present = self._present_tasks(word_tasks)
-        sequence_order = torch.randperm(batch_size, generator=generator).tolist()
-        tie_break = torch.randperm(self.num_tasks, generator=generator).tolist()
-        frequency = present.sum(dim=0).tolist()
-        tasks_of = [[t for t in range(self.num_tasks) if row[t]] for row in present.tolist()]
-        sequences_of = [[s for s in sequence_order if present[s, t]] for t in range(self.num_tasks)]
+        sequence_order = torch.randperm(batch_size, generator=generator)
+        tie_break = torch.randperm(self.num_tasks, generator=generator)
+        frequency_t = present.sum(dim=0)
+        # Python lists only for the tasks present in the batch (at most the number of task words, whatever T is):
+        # the tasks of each sequence, and the sequences of each present task in ``sequence_order``.
+        rows, cols = present.nonzero(as_tuple=True)  # row-major: each sequence's tasks in increasing order
+        tasks_of: list[list[int]] = [[] for _ in range(batch_size)]
+        for row, task in zip(rows.tolist(), cols.tolist(), strict=True):
+            tasks_of[row].append(task)
+        by_task = present[sequence_order].T.nonzero(as_tuple=True)  # task-major, sequences in sequence_order
+        sequences_of: dict[int, list[int]] = {}
+        for task, sequence in zip(by_task[0].tolist(), sequence_order[by_task[1]].tolist(), strict=True):
+            sequences_of.setdefault(task, []).append(sequence)
+        present_tasks = frequency_t.nonzero().flatten()
+        # Ascending (frequency, tie_break) over present tasks; tie_break is a permutation, so keys are unique.
+        matching_order = present_tasks[
+            torch.from_numpy(np.lexsort((tie_break[present_tasks].numpy(), frequency_t[present_tasks].numpy())))
+        ].tolist()
+        frequency = frequency_t.tolist()
+        tie_break = tie_break.tolist()
+        sequence_order = sequence_order.tolist()
 
         owner: dict[int, int] = {}  # sequence -> task, built by augmenting paths (Kuhn's algorithm)
 
@@ -255,9 +271,8 @@ class TaskGroupedMLMCollator:
                     return True
             return False
 
-        for task in sorted(range(self.num_tasks), key=lambda t: (frequency[t], tie_break[t])):
-            if frequency[task]:
-                augment(task, set())
+        for task in matching_order:
+            augment(task, set())
         coverage = [0] * self.num_tasks
         for task in owner.values():
             coverage[task] += 1
