@@ -12,7 +12,7 @@ raw losses of mixed scale can put almost all weight on one task; changing a loss
 ``alpha_auto`` the strategy instead fixes how concentrated the weights are: each step it chooses ``alpha >= 0`` so
 that the *effective number of tasks* of the weights actually used,
 
-    ``N_eff(w) = exp(H(w)) = exp(-sum_t w_t log w_t)``  (Hill's diversity of order 1; 1 = one task, |P| = uniform),
+    ``N_eff(w) = exp(H(w)) = exp(-sum_t w_t log w_t)``  (Hill's diversity of order 1; 1 = one task, ``|P|`` = uniform),
 
 equals the target ``k`` (``alpha_auto_k``; unset, ``k = sqrt(|P|)``: ``H(w) = log(|P|) / 2``, half-way in entropy
 between hardmax and uniform). The chosen alpha is scale-equivariant: losses multiplied by ``c`` (a change of unit)
