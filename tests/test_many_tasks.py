@@ -175,3 +175,16 @@ def test_many_tasks_reach_tensorboard(tmp_path):
     header, *lines = _task_lines(tmp_path / "run")
     weights = {event.step: event.value for event in events.Scalars("train/task_weight/task000")}
     assert weights == pytest.approx({line["step"]: line["task_weight"][0] for line in lines})
+
+
+def test_console_line_reads_the_summary_above_the_limit():
+    from robust_pretrain.pretraining.common import summarise_log
+
+    summary = {"step": 3, "loss": 2.5, "worst_task": "t7", "worst_task_loss": 4.25, "mean_task_loss": 2.5}
+    summary |= {"task_weight_entropy": 1.0, "task_weight_effective_number": 2.718}
+    line = summarise_log(summary, max_steps=10)
+    assert (
+        line == "step 3/10 | loss 2.5000 | worst task t7 4.2500 | mean task loss 2.5000 | weights' effective number 2.7"
+    )
+    per_task = {"step": 3, "loss": 2.5, "task_loss/a": 1.0, "task_loss/b": 3.0, "task_weight/b": 0.6}
+    assert summarise_log(per_task, max_steps=10) == "step 3/10 | loss 2.5000 | worst task b 3.0000 (weight 0.600)"

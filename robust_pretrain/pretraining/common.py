@@ -120,6 +120,11 @@ def summarise_log(logs: dict[str, Any], max_steps: int) -> str:
         worst = max(task_losses, key=task_losses.get)
         weight = logs.get(f"task_weight/{worst}")
         parts.append(f"worst task {worst} {task_losses[worst]:.4f}" + (f" (weight {weight:.3f})" if weight else ""))
+    elif "worst_task" in logs:  # more tasks than --max_logged_tasks: the trainer logged a summary
+        parts.append(f"worst task {logs['worst_task']} {logs['worst_task_loss']:.4f}")
+        parts.append(f"mean task loss {logs['mean_task_loss']:.4f}")
+        if "task_weight_effective_number" in logs:
+            parts.append(f"weights' effective number {logs['task_weight_effective_number']:.1f}")
     if "eval_mean_task_loss" in logs:
         parts.append(f"eval mean task loss {logs['eval_mean_task_loss']:.4f}")
         parts.append(f"worst {logs.get('eval_worst_task_loss', float('nan')):.4f}")
