@@ -193,6 +193,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("compare", ["--sweep", "alpha=0.5,inf"], ["--sweep alpha=inf", "finite"]),
     ("compare", ["--sweep", "alpha=-1"], ["--sweep alpha=-1", "must be > 0"]),
     ("compare", ["--strategies", "dwa", "--sweep", "dwa_window=1.5"], ["--sweep dwa_window=1.5: not an integer"]),
+    ("compare", ["--sweep", "alpha_auto_k=abc,0.5"], ["--sweep alpha_auto_k=abc: not a number", "must be >= 1"]),
     ("compare", ["--sweep", "alpha"], ["--sweep must look like setting=v1,v2"]),
     ("compare", ["--sweep", "alpah=1,2"], ["--sweep 'alpah' is a setting of none of the strategies"]),
     ("compare", ["--strategies", "minmax"], ["unknown strategy 'minmax'"]),

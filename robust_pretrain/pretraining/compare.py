@@ -23,7 +23,7 @@ import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import get_type_hints
+from typing import get_args, get_type_hints
 
 from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse, run_console
 from robust_pretrain.config import load_config_file
@@ -53,6 +53,8 @@ def parse_sweep(text: str | None) -> tuple[str | None, list[str]]:
 def sweep_value_problems(name: str, value: str) -> list[str]:
     """Why a swept value of the weighting option ``name`` is not accepted (its type and its declared range)."""
     kind = get_type_hints(WeightingArguments).get(name)
+    numeric = [option for option in get_args(kind) if option is not type(None)]  # an optional number: its type
+    kind = numeric[0] if len(numeric) == 1 and numeric[0] in (int, float) else kind
     if kind not in (int, float):
         return value_problems(value, declared(WeightingArguments).get(name))
     try:
