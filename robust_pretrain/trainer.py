@@ -52,6 +52,7 @@ import torch
 import transformers
 from accelerate.utils import DistributedType, extract_model_from_parallel
 from transformers import Trainer, TrainerCallback
+from transformers.integrations import TensorBoardCallback
 from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
@@ -399,18 +400,14 @@ class MinimaxTrainer(Trainer):
             else:
                 logs.update(self._task_summary(sums, counts))
                 self._write_task_metrics(sums, counts)
-            logs.update(getattr(self.weighting, "log_values", dict)())  # e.g. minimax_alpha
+            logs.update(self.weighting.log_values())  # e.g. minimax_alpha
         super().log(logs, start_time)
 
     def _per_task_logs(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, float]:
         """``task_loss/<name>`` (tasks with targets since the last log) and ``task_weight/<name>``, rounded to 6
         digits: one tensor-to-list conversion each, whatever T is."""
-        if getattr(self, "_task_log_keys", None) is None:
-            self._task_log_keys = (
-                [f"task_loss/{name}" for name in self.task_names],
-                [f"task_weight/{name}" for name in self.task_names],
-            )
-        loss_keys, weight_keys = self._task_log_keys
+        loss_keys = [f"task_loss/{name}" for name in self.task_names]
+        weight_keys = [f"task_weight/{name}" for name in self.task_names]
         losses = (sums / counts.clamp_min(1)).tolist()
         logs = {key: round(loss, 6) for key, loss, n in zip(loss_keys, losses, counts.tolist(), strict=True) if n > 0}
         logs.update(zip(weight_keys, (round(w, 6) for w in self.step_weights.tolist()), strict=True))
@@ -462,7 +459,7 @@ class MinimaxTrainer(Trainer):
             stream.write(json.dumps({"step": step, "task_loss": losses, "task_weight": weights}) + "\n")
         for callback in self.callback_handler.callbacks:
             writer = getattr(callback, "tb_writer", None)
-            if writer is not None and type(callback).__name__ == "TensorBoardCallback":
+            if writer is not None and isinstance(callback, TensorBoardCallback):
                 for name, loss, weight in zip(self.task_names, losses, weights, strict=True):
                     if loss is not None:
                         writer.add_scalar(f"train/task_loss/{name}", loss, step)

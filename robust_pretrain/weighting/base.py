@@ -156,6 +156,10 @@ class Weighting(ABC):
         """A term added once per optimizer step to the objective (uncertainty weighting's log-variances)."""
         return None
 
+    def log_values(self) -> dict[str, float]:
+        """Scalars the trainer logs with the task weights (e.g. minimax's automatic alpha); none by default."""
+        return {}
+
     def to(self, device: torch.device | str) -> Weighting:
         """Move learnable parameters to ``device`` (estimates stay on the CPU)."""
         for param in self.parameters():
