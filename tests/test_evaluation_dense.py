@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from test_recipe_pretrain import single_thread
+from test_vision_finetune import tiny_config
 
 from robust_pretrain.evaluation import suite
 from robust_pretrain.evaluation.checkpoints import checkpoint_key
 from robust_pretrain.vision import scenes
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig, default_modalities
 from robust_pretrain.vision.finetune import recompute_metrics
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
 from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
@@ -34,23 +34,7 @@ def one_thread() -> Iterator[None]:
 
 def tiny_model(seed: int) -> MultiMAEForPreTraining:
     torch.manual_seed(seed)
-    return MultiMAEForPreTraining(
-        MultiMAEConfig(
-            modalities=[vars(spec) for spec in default_modalities(scenes.NUM_CLASSES)],
-            image_size=SIZE,
-            patch_size=8,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            decoder_hidden_size=32,
-            decoder_num_hidden_layers=1,
-            decoder_num_attention_heads=2,
-            decoder_intermediate_size=64,
-            neck_hidden_sizes=[8, 8, 8, 8],
-            fusion_hidden_size=8,
-        )
-    )
+    return MultiMAEForPreTraining(tiny_config())
 
 
 def pretrain(path: Path, steps: int = 3) -> Path:
