@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from robust_pretrain.reporting.aggregation import relative_change
+from robust_pretrain.reporting.scoring import METRIC_CAPTIONS
 
 
 def _signed(value: float) -> str:
@@ -53,16 +54,17 @@ def suite_markdown(summary: dict[str, Any]) -> str:
 
 
 def comparison_markdown(table: dict, baseline: str | None) -> str:
-    """Markdown table of a comparison of strategies (:func:`~robust_pretrain.reporting.aggregation.aggregate_runs`):
-    per-task, mean and worst held-out loss per run (mean ± std over seeds), then the relative change of the mean and
-    worst task loss against ``baseline``."""
+    """Markdown table of a comparison of strategies (:func:`~robust_pretrain.reporting.aggregation.aggregate_runs`),
+    captioned with its metric: per-task, mean and worst held-out loss per run (mean ± std over seeds), then the
+    relative change of the mean and worst task loss against ``baseline``."""
     runs = list(table)
     tasks = list(next(iter(table.values()))["task_loss"])
 
     def cell(stat: dict) -> str:
         return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] else f"{stat['mean']:.4f}"
 
-    lines = ["| task | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    lines = [f"Metric: {METRIC_CAPTIONS['raw']}; mean ± std over seeds.", ""]
+    lines += ["| task | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
     lines += [f"| {t} | " + " | ".join(cell(table[r]["task_loss"][t]) for r in runs) + " |" for t in tasks]
     lines.append("| **mean** | " + " | ".join(cell(table[r]["mean_task_loss"]) for r in runs) + " |")
     lines.append("| **worst** | " + " | ".join(cell(table[r]["worst_task_loss"]) for r in runs) + " |")
@@ -82,3 +84,37 @@ def comparison_markdown(table: dict, baseline: str | None) -> str:
                 worst = relative_change(table[run]["worst_task_loss"]["mean"], base["worst_task_loss"]["mean"])
                 lines.append(f"| {run} | {mean:+.1%} | {worst:+.1%} |")
     return "\n".join(lines) + "\n"
+
+
+def scores_markdown(scores: dict[str, dict[str, Any]], baseline: str | None, reference_run: str | None) -> str:
+    """One Markdown table per scale-free metric of a comparison besides ``raw`` (which :func:`comparison_markdown`
+    shows): regret against ``baseline``, excess over ``reference_run``
+    (:func:`~robust_pretrain.reporting.scoring.aggregate_scores`); each captioned with its metric, and a line saying
+    why excess is absent when no reference is known."""
+    sources = {
+        "regret": f"baseline run: `{baseline}` (--baseline; default: proportional when run, else the first run)",
+        "excess": f"reference run: `{reference_run}`",
+    }
+    formats = {"regret": "{:.4f}", "excess": "{:+.4f}"}
+    sections = []
+    for metric in ("regret", "excess"):
+        if metric not in scores:
+            continue
+        by_run, fmt = scores[metric], formats[metric]
+        runs = list(by_run)
+        tasks = list(by_run[runs[0]]["tasks"])
+
+        def cell(stat: dict, fmt: str = fmt) -> str:
+            value = fmt.format(stat["mean"])
+            return f"{value} ± {stat['std']:.4f}" if stat["std"] else value
+
+        lines = [f"Metric: {METRIC_CAPTIONS[metric]}; {sources[metric]}; mean ± std over seeds.", ""]
+        lines += ["| task | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+        lines += [f"| {t} | " + " | ".join(cell(by_run[r]["tasks"][t]) for r in runs) + " |" for t in tasks]
+        lines.append("| **mean** | " + " | ".join(cell(by_run[r]["mean"]) for r in runs) + " |")
+        lines.append("| **worst** | " + " | ".join(cell(by_run[r]["worst"]) for r in runs) + " |")
+        lines.append("| worst task | " + " | ".join(", ".join(by_run[r]["worst_tasks"]) for r in runs) + " |")
+        sections.append("\n".join(lines) + "\n")
+    if "excess" not in scores:
+        sections.append("No excess table: no reference run is known (--reference_run).\n")
+    return "\n".join(sections)
