@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
 
 from robust_pretrain.data import DEFAULT_POS_TASKS
+from robust_pretrain.pretraining import pos_mlm as recipe
 from robust_pretrain.pretraining.common import summarise_log
 from robust_pretrain.reporting.cards import ModelCardContent, pos_tasks, render_model_card
 from robust_pretrain.reporting.plots import frontier_figure, plot_comparison
@@ -183,3 +185,31 @@ def test_console_line_names_the_worst_task_by_excess() -> None:
         "eval mean task loss 2.0000 | worst 3.0000 (b) | eval excess mean +0.3000, worst +0.5000 (a)"
     )
     assert summarise_log(evaluation, 10) == "eval mean task loss 2.0000 | worst 3.0000 (b)"
+
+
+@pytest.mark.slow
+def test_recipe_run_against_a_reference_reports_its_excess(pretrained_run, tmp_path: Path, capfd) -> None:  # noqa: F811
+    """A tiny PoS run trained with loss_normalization='excess' against the shared demo run's held-out losses: its
+    task report, card and console state the signed excess of every task, derived from the two reports."""
+    reference_dir, _ = pretrained_run
+    reference = read_reference_run(reference_dir, "reference")
+    output_dir = tmp_path / "excess"
+    values = [str(reference[task]) for task in reference]
+    capfd.readouterr()
+    result = recipe.run(argv(output_dir, "--loss_normalization", "excess", "--reference_losses", *values))
+    console = capfd.readouterr().out
+    report = json.loads((output_dir / "task_report.json").read_text())
+    assert report == json.loads(json.dumps(result["report"]))
+    losses = report["eval_task_loss"]
+    excess = {task: losses[task] - reference[task] for task in reference}
+    worst = max(excess, key=excess.get)
+    scores = report["scores"]
+    assert scores["excess"]["tasks"] == pytest.approx(excess, abs=1e-12)
+    assert scores["excess"]["worst_task"] == worst and scores["raw"]["worst_task"] == report["worst_task"]
+    mean = sum(excess.values()) / len(excess)
+    assert scores["excess"]["mean"] == pytest.approx(mean)
+    assert f"held-out scores: raw mean {report['eval_mean_task_loss']:.4f}" in console
+    assert f"excess mean {mean:+.4f}, worst {excess[worst]:+.4f} ({worst})" in console
+    assert f"eval excess mean {mean:+.4f}, worst {excess[worst]:+.4f} ({worst})" in console  # the evaluation's line
+    card = (output_dir / "README.md").read_text()
+    assert f"mean {mean:.4f} · worst {excess[worst]:.4f} ({worst}).**" in card
