@@ -205,7 +205,11 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     (
         "compare",
         ["--reference_run", "{tmp}/reference"],
-        ["the reference run {tmp}/reference does not have the runs' tasks", "it lacks ['adjective',", "lack ['numeral']"],
+        [
+            "the reference run {tmp}/reference does not have the runs' tasks",
+            "it lacks ['adjective',",
+            "lack ['numeral']",
+        ],
     ),
     ("compare", ["--seeds", "one"], ["--seeds", "invalid int value"]),
     ("compare", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
