@@ -89,7 +89,7 @@ def test_comparison_scores_over_seeds() -> None:
     assert scores["raw"]["proportional"]["tasks"]["b"] == {"mean": 3.5, "std": pytest.approx(0.5**0.5)}
 
     markdown = scores_markdown(scores, "proportional", "runs/reference")
-    _, regret_part, excess_part = markdown.split("Metric: ")
+    _, excess_part, regret_part = markdown.split("Metric: ")
     assert "Metric: regret L_t / L_t(baseline)" in markdown and "baseline run: `proportional`" in markdown
     assert "Metric: excess L_t - ref_t" in markdown and "reference run: `runs/reference`" in markdown
     assert "| **worst** | 1.0000 | 1.1000 ± 0.0000 |" in regret_part  # baseline 1 exactly; minimax 1.1 (rounding)
@@ -113,7 +113,7 @@ def test_frontier_in_each_metric(tmp_path: Path) -> None:
         points = {c.get_label(): tuple(c.get_offsets()[0]) for c in ax.collections}
         assert points == {run: pytest.approx(point) for run, point in expected[metric].items()}
     (regret_only,) = frontier_figure(scores, ["regret"]).axes
-    assert regret_only.get_xlabel() == "mean regret vs the baseline"
+    assert regret_only.get_xlabel() == "mean over tasks: regret L_t / L_t(baseline)"
     plot_comparison(scores, tmp_path, frontier=True)
     assert (tmp_path / "comparison_tasks.png").is_file() and (tmp_path / "frontier.png").is_file()
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from robust_pretrain.reporting.scoring import METRIC_CAPTIONS, METRIC_LABELS
+from robust_pretrain.reporting.scoring import METRIC_LABELS
 
 if TYPE_CHECKING:
     from matplotlib.colors import Colormap
@@ -285,7 +285,7 @@ def plot_comparison(scores: dict[str, dict[str, Any]], output_dir: Path, frontie
             ax.set_ylim(min(lows) * 0.95, None)
         if metric == "regret":
             ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_title(f"{METRIC_CAPTIONS[metric]} (error bars: std over seeds)", fontsize=9)
+        ax.set_title(f"{METRIC_LABELS[metric]}, lower is better (error bars: std over seeds)", fontsize=9)
         ax.legend(fontsize=8)
     _save(fig, output_dir / "comparison_tasks.png", dpi=110)
     if frontier:
@@ -303,6 +303,6 @@ def frontier_figure(scores: dict[str, dict[str, Any]], metrics: Sequence[str] | 
             seeds = entry["per_seed"]
             ax.scatter([s["mean"] for s in seeds], [s["worst"] for s in seeds], label=run)
         label = METRIC_LABELS[metric]
-        ax.set(xlabel=f"mean {label}", ylabel=f"worst-task {label}", title=f"trade-off frontier: {metric}")
+        ax.set(xlabel=f"mean over tasks: {label}", ylabel=f"worst task: {label}", title=f"trade-off frontier: {metric}")
         ax.legend(fontsize=8)
     return fig

@@ -29,7 +29,11 @@ METRIC_CAPTIONS = {
     "reference)",
     "regret": "regret L_t / L_t(baseline) (lower is better; the baseline is 1 on every task)",
 }
-METRIC_LABELS = {"raw": "task loss", "excess": "excess loss over the reference", "regret": "regret vs the baseline"}
+METRIC_LABELS = {  # axis labels
+    "raw": "held-out loss L_t",
+    "excess": "excess L_t - ref_t (signed)",
+    "regret": "regret L_t / L_t(baseline)",
+}
 
 
 def task_scores(values: Mapping[str, float]) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def comparison_markdown(table: dict, baseline: str | None) -> str:
 
 def scores_markdown(scores: dict[str, dict[str, Any]], baseline: str | None, reference_run: str | None) -> str:
     """One Markdown table per scale-free metric of a comparison besides ``raw`` (which :func:`comparison_markdown`
-    shows): regret against ``baseline``, excess over ``reference_run``
+    shows): excess over ``reference_run``, regret against ``baseline``
     (:func:`~robust_pretrain.reporting.scoring.aggregate_scores`); each captioned with its metric, and a line saying
     why excess is absent when no reference is known."""
     sources = {
@@ -97,7 +97,7 @@ def scores_markdown(scores: dict[str, dict[str, Any]], baseline: str | None, ref
     }
     formats = {"regret": "{:.4f}", "excess": "{:+.4f}"}
     sections = []
-    for metric in ("regret", "excess"):
+    for metric in ("excess", "regret"):
         if metric not in scores:
             continue
         by_run, fmt = scores[metric], formats[metric]
