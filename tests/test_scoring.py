@@ -4,6 +4,7 @@ report, the model card, the console line, the comparison's tables and the fronti
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,27 @@ from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401
 from robust_pretrain.data import DEFAULT_POS_TASKS
 from robust_pretrain.pretraining import pos_mlm as recipe
 from robust_pretrain.pretraining.common import summarise_log
+from robust_pretrain.reporting.aggregation import summarize_suite
 from robust_pretrain.reporting.cards import ModelCardContent, pos_tasks, render_model_card
 from robust_pretrain.reporting.plots import frontier_figure, plot_comparison
 from robust_pretrain.reporting.scoring import aggregate_scores, score_line, score_losses, task_mismatch
-from robust_pretrain.reporting.tables import scores_markdown
+from robust_pretrain.reporting.tables import scores_markdown, suite_markdown
 from robust_pretrain.reporting.task_report import read_reference_run, task_report
+
+
+@dataclass(frozen=True)
+class SuiteRow:
+    """A downstream task row of the suite (the fields :func:`summarize_suite` reads)."""
+
+    name: str
+    display_name: str
+    higher_is_better: bool = True
+    family: str = "toy"
+
+    @property
+    def header(self) -> str:
+        return f"{self.display_name} (acc)"
+
 
 LOSSES = {"a": 2.0, "b": 3.0, "c": 1.0}
 REFERENCE = {"a": 1.5, "b": 2.9, "c": 0.2}
@@ -213,3 +230,40 @@ def test_recipe_run_against_a_reference_reports_its_excess(pretrained_run, tmp_p
     assert f"eval excess mean {mean:+.4f}, worst {excess[worst]:+.4f} ({worst})" in console  # the evaluation's line
     card = (output_dir / "README.md").read_text()
     assert f"mean {mean:.4f} · worst {excess[worst]:.4f} ({worst}).**" in card
+
+
+def test_suite_upstream_rows(tmp_path: Path) -> None:
+    """The downstream suite's summary scores each checkpoint's pre-training run from its task_report.json."""
+    runs = {"base": (2.0, 4.0), "robust": (2.4, 3.6), "other": (1.0, 1.0)}
+    for name, (a, b) in runs.items():
+        (tmp_path / name).mkdir()
+        report_of = {**report(a, b), "settings": {"reference_losses": [1.5, 3.5]}}
+        if name == "other":
+            report_of = {"tasks": ["x", "y"], "eval_task_loss": {"x": a, "y": b}}
+        (tmp_path / name / "task_report.json").write_text(json.dumps(report_of))
+    checkpoints = [str(tmp_path / name) for name in runs] + ["org/hub-model"]  # a Hub id has no report
+    cells = [
+        {"checkpoint": checkpoint, "task": "rte", "seed": 1, "score": 60.0 + i, "metrics": {}}
+        for i, checkpoint in enumerate(checkpoints)
+    ]
+    summary = summarize_suite(cells, [SuiteRow("rte", "RTE")], [1], checkpoints[0])
+    upstream = summary["upstream"]
+    assert upstream["tasks"] == ["a", "b"] and upstream["skipped"] == [checkpoints[2]]
+    assert upstream["baseline"] == checkpoints[0] and upstream["reference_losses"] == {"a": 1.5, "b": 3.5}
+    robust = {metric: upstream["scores"][metric][checkpoints[1]] for metric in ("raw", "excess", "regret")}
+    # raw (2.4, 3.6): mean 3.0, worst b; excess over (1.5, 3.5): (0.9, 0.1), worst a; regret (1.2, 0.9), worst a
+    assert robust["raw"]["mean"]["mean"] == pytest.approx(3.0) and robust["raw"]["worst_tasks"] == ["b"]
+    assert robust["excess"]["worst"]["mean"] == pytest.approx(0.9) and robust["excess"]["worst_tasks"] == ["a"]
+    assert robust["regret"]["tasks"]["b"]["mean"] == pytest.approx(0.9) and robust["regret"]["worst_tasks"] == ["a"]
+    assert upstream["scores"]["regret"][checkpoints[0]]["worst"]["mean"] == 1.0
+    markdown = suite_markdown(summary)
+    assert "Upstream: held-out scores of each checkpoint's pre-training run" in markdown
+    assert "Not scored (other tasks than ['a', 'b']): other." in markdown
+    assert "| robust | 2.4000 | 3.6000 | 3.0000 | 3.6000 (b) |" in markdown
+    assert "| robust | +0.9000 | +0.1000 | +0.5000 | +0.9000 (a) |" in markdown
+    assert "| robust | 1.2000 | 0.9000 | 1.0500 | 1.2000 (a) |" in markdown
+    assert "Metric: regret L_t / L_t(baseline) (lower is better; the baseline is 1 on every task); baseline: base." in (
+        markdown
+    )
+    hub_only = summarize_suite(cells[3:], [SuiteRow("rte", "RTE")], [1], None)
+    assert hub_only["upstream"] is None and "Upstream" not in suite_markdown(hub_only)

@@ -14,7 +14,8 @@ at a time), ``frontier.png`` (worst-case against mean for every run: the trade-o
 
 Every table and figure is given in each scale-free metric that applies (:mod:`robust_pretrain.reporting.scoring`):
 the raw held-out loss, its ``regret`` against the ``--baseline`` run (``L_t / L_t(baseline)``) and, with a
-reference run (``--reference_run DIR``, else the ``--reference_run`` given to every run after ``--``), its signed
+reference run (``--reference_run DIR``, else the ``reference_run`` every run is given, after ``--`` or in the config
+file), its signed
 ``excess`` over the reference's held-out loss.
 """
 
@@ -225,18 +226,18 @@ def run(argv: list[str]) -> dict:
             f"--baseline {cli.baseline} is not among the runs ({', '.join(run_names)}); add its strategy to "
             "--strategies or name one of those runs"
         )
-    reference_run = cli.reference_run or peek_option(overrides, "reference_run")
+    recipe_argv = [*(["--config", cli.config] if cli.config else []), *overrides]  # what every run is given
+    reference_run = cli.reference_run or peek_option(recipe_argv, "reference_run")
     reference = None
     if reference_run is not None:
-        option = "--reference_run" if cli.reference_run else "--reference_run (after --)"
+        option = "--reference_run" if cli.reference_run else "--reference_run (of every run)"
         try:
             reference = read_reference_run(reference_run, option)
         except ValueError as err:
             problems.append(str(err))
     refuse(problems)
     if reference is not None:
-        config = ["--config", cli.config] if cli.config else []
-        tasks = planned_tasks(cli.recipe, [*config, *overrides])
+        tasks = planned_tasks(cli.recipe, recipe_argv)
         refuse([why for why in [task_mismatch(tasks, list(reference), f"the reference run {reference_run}")] if why])
     baseline = cli.baseline or ("proportional" if "proportional" in run_names else run_names[0])
     output_dir = Path(cli.output_dir)

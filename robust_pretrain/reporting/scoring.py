@@ -16,8 +16,10 @@ Three metrics, each with its mean over tasks and its worst task named (the highe
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from robust_pretrain.reporting.aggregation import mean_std, worst_task
@@ -123,3 +125,36 @@ def aggregate_scores(
                 "per_seed": [{key: s[key] for key in ("mean", "worst", "worst_task")} for s in scored],
             }
     return table
+
+
+def upstream_scores(checkpoints: Mapping[str, Path | None], baseline: str | None) -> dict[str, Any] | None:
+    """The upstream rows of a downstream suite: the held-out scores of each checkpoint's pre-training run, read from
+    the ``task_report.json`` in its directory (``checkpoints``: checkpoint -> its local directory, None for a Hub id).
+
+    Checkpoints with the first report's tasks are scored; ``regret`` against ``baseline`` when it has such a report,
+    ``excess`` when every scored run trained against the same ``reference_losses``. None when no checkpoint has a
+    report. Returns ``{"tasks", "baseline", "reference_losses", "skipped", "scores"}`` (``scores``: as
+    :func:`aggregate_scores`, one seed per checkpoint; ``skipped``: checkpoints whose report has other tasks)."""
+    from robust_pretrain.reporting.task_report import TASK_REPORT_NAME  # task_report imports this module
+
+    reports = {
+        checkpoint: json.loads((directory / TASK_REPORT_NAME).read_text())
+        for checkpoint, directory in checkpoints.items()
+        if directory is not None and (directory / TASK_REPORT_NAME).is_file()
+    }
+    if not reports:
+        return None
+    tasks = next(iter(reports.values()))["tasks"]
+    scored = {checkpoint: [report] for checkpoint, report in reports.items() if report["tasks"] == tasks}
+    references = [report_reference(report) for (report,) in scored.values()]
+    reference = (
+        references[0] if references[0] is not None and references.count(references[0]) == len(references) else None
+    )
+    baseline = baseline if baseline in scored else None
+    return {
+        "tasks": tasks,
+        "baseline": baseline,
+        "reference_losses": reference,
+        "skipped": [checkpoint for checkpoint in reports if checkpoint not in scored],
+        "scores": aggregate_scores(scored, reference, baseline),
+    }

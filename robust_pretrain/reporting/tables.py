@@ -13,7 +13,8 @@ def _signed(value: float) -> str:
 
 
 def suite_markdown(summary: dict[str, Any]) -> str:
-    """Markdown tables: scores (mean ± std over seeds) with average and worst task, then deltas vs the baseline."""
+    """Markdown tables: scores (mean ± std over seeds) with average and worst task, then deltas vs the baseline, then
+    the upstream rows (:func:`upstream_markdown`)."""
     tasks, columns = summary["tasks"], summary["columns"]
     worst = "lowest" if summary["higher_is_better"] else "highest"
     lines = [f"{summary['description']}, mean ± std over seeds {summary['seeds']}; worst task = {worst} mean score."]
@@ -50,6 +51,43 @@ def suite_markdown(summary: dict[str, Any]) -> str:
                 + " | ".join(cells)
                 + f" | {_signed(delta['average'])} | {_signed(delta['worst_score'])} |"
             )
+    upstream = upstream_markdown(summary)
+    return "\n".join(lines) + "\n" + (f"\n{upstream}" if upstream else "")
+
+
+def upstream_markdown(summary: dict[str, Any]) -> str:
+    """The suite's upstream rows (``summary["upstream"]``): per metric, one table of each checkpoint's held-out
+    per-task scores with the mean and the worst task, captioned with the metric; empty without upstream scores."""
+    upstream = summary.get("upstream")
+    if not upstream:
+        return ""
+    labels = {checkpoint: entry["label"] for checkpoint, entry in summary["checkpoints"].items()}
+    tasks = upstream["tasks"]
+    sources = {
+        "raw": "",
+        "excess": "; reference: the reference_losses every run trained against",
+        "regret": f"; baseline: {labels.get(upstream['baseline'])}",
+    }
+    lines = ["Upstream: held-out scores of each checkpoint's pre-training run (its task_report.json)."]
+    if upstream["skipped"]:
+        lines.append(f"Not scored (other tasks than {tasks}): {', '.join(labels[c] for c in upstream['skipped'])}.")
+    for metric, by_checkpoint in upstream["scores"].items():
+        fmt = "{:+.4f}" if metric == "excess" else "{:.4f}"
+        lines += [
+            "",
+            f"Metric: {METRIC_CAPTIONS[metric]}{sources[metric]}.",
+            "",
+            "| checkpoint | " + " | ".join(tasks) + " | mean | worst task |",
+            "|---" * (len(tasks) + 3) + "|",
+        ]
+        for checkpoint, entry in by_checkpoint.items():
+            cells = [fmt.format(entry["tasks"][task]["mean"]) for task in tasks]
+            worst = f"{fmt.format(entry['worst']['mean'])} ({entry['worst_tasks'][0]})"
+            lines.append(
+                f"| {labels[checkpoint]} | " + " | ".join(cells) + f" | {fmt.format(entry['mean']['mean'])} | {worst} |"
+            )
+    if "excess" not in upstream["scores"]:
+        lines += ["", "No excess table: the runs did not all train against the same reference_losses."]
     return "\n".join(lines) + "\n"
 
 
