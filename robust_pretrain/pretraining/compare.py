@@ -13,10 +13,9 @@ Options after ``--`` go to every run. Writes ``comparison.json``, ``comparison.m
 at a time), ``frontier.png`` (worst-case against mean for every run: the trade-off frontier).
 
 Every table and figure is given in each scale-free metric that applies (:mod:`robust_pretrain.reporting.scoring`):
-the raw held-out loss, its ``regret`` against the ``--baseline`` run (``L_t / L_t(baseline)``) and, with a
-reference run (``--reference_run DIR``, else the ``reference_run`` every run is given, after ``--`` or in the config
-file), its signed
-``excess`` over the reference's held-out loss.
+the raw held-out loss, its signed ``excess`` over a reference run's held-out loss (``--reference_run DIR``, else the
+``reference_run`` every run is given, after ``--`` or in the config file) and its ``regret`` against the
+``--baseline`` run (``L_t / L_t(baseline)``).
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def plot_predictions(
 
 def plot_comparison(scores: dict[str, dict[str, Any]], output_dir: Path, frontier: bool) -> None:
     """Figures of a comparison of strategies, one panel per scale-free metric in ``scores``
-    (:func:`~robust_pretrain.reporting.scoring.aggregate_scores`: raw loss, regret, excess):
+    (:func:`~robust_pretrain.reporting.scoring.aggregate_scores`: raw, excess, regret):
     ``comparison_tasks.png`` (per-task, mean and worst value per run, error bars: std over seeds) and, with
     ``frontier``, ``frontier.png`` (:func:`frontier_figure`)."""
     plt = _pyplot()
