@@ -9,6 +9,7 @@ checkpoint, ``{ro}`` a path where nothing can be created. Each case checks that 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -198,6 +199,18 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("compare", ["--sweep", "alpah=1,2"], ["--sweep 'alpah' is a setting of none of the strategies"]),
     ("compare", ["--strategies", "minmax"], ["unknown strategy 'minmax'"]),
     ("compare", ["--seeds", "-1"], ["--seeds must be >= 0"]),
+    ("compare", ["--reference_run", "{tmp}"], ["--reference_run {tmp}: it has no task_report.json"]),
+    ("compare", ["--reference_run", "{tmp}/gone"], ["--reference_run {tmp}/gone: no such directory"]),
+    ("compare", ["--", "--reference_run", "{tmp}/gone"], ["--reference_run (of every run) {tmp}/gone: no such"]),
+    (
+        "compare",
+        ["--reference_run", "{tmp}/reference"],
+        [
+            "the reference run {tmp}/reference does not have the runs' tasks",
+            "it lacks ['adjective',",
+            "lack ['numeral']",
+        ],
+    ),
     ("compare", ["--seeds", "one"], ["--seeds", "invalid int value"]),
     ("compare", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
     ("compare", ["--recipe", "gpt"], ["--recipe", "invalid choice"]),
@@ -333,6 +346,9 @@ def workspace(tmp_path: Path) -> Path:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (tmp_path / "typo.yaml").write_text("max_stepz: 3\n")
     (tmp_path / "train.txt").write_text("The cat sat on the mat .\nDogs run quickly in the park .\n" * 12)
+    (tmp_path / "reference").mkdir()  # a finished run of other tasks than the demo's
+    other_tasks = {"tasks": ["verb", "noun", "numeral"], "eval_task_loss": {"verb": 1.0, "noun": 2.0, "numeral": 3.0}}
+    (tmp_path / "reference" / "task_report.json").write_text(json.dumps(other_tasks))
     return tmp_path
 
 

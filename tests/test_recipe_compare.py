@@ -56,6 +56,19 @@ def option(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
 
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    """The first Markdown table in ``markdown``: first cell -> the other cells."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    rows = {}
+    for line in [lines[start], *lines[start + 2 :]]:  # the header, then the rows below its separator
+        if not line.startswith("| "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
 def cell(values: list[float]) -> str:
     mean, std = float(np.mean(values)), float(np.std(values, ddof=1))
     return f"{mean:.4f} ± {std:.4f}"
@@ -103,8 +116,10 @@ def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[l
     assert saved == json.loads(json.dumps(result))
     assert saved["seeds"] == [1, 2] and saved["sweeps"] == ["alpha=0.5,4"] and saved["overrides"][:2] == OVERRIDES[:2]
     markdown = (out / "comparison.md").read_text()
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
-            for line in markdown.splitlines() if line.startswith("| ")}  # fmt: skip
+    raw_part, regret_part = markdown.split("Metric: regret")
+    raw_part = raw_part.split("Metric: excess")[0]
+    assert raw_part.startswith("Metric: raw held-out loss L_t")
+    rows = {**table_rows(raw_part), **table_rows(raw_part.split("Relative change against")[1])}
     assert rows["task"] == list(runs)
     tasks = reports["average"][0]["tasks"]
     for i, run in enumerate(runs):
@@ -143,6 +158,31 @@ def test_compare_strategies_seeds_and_sweep(tmp_path: Path, recipe_calls: list[l
     assert len(recipe_calls) == 6
     assert {p: p.stat().st_mtime_ns for p in out.rglob("task_report.json")} == mtimes
     assert again["runs"] == result["runs"]
+
+    # regret against the default baseline (the first run: no proportional run), excess over a reference run
+    assert result["baseline"] == "average" and "No excess table" in markdown
+    regret = table_rows(regret_part)
+    for task in tasks:
+        assert regret[task][0] == "1.0000"  # the baseline against itself, seed by seed
+        ratios = [r["eval_task_loss"][task] / b["eval_task_loss"][task] for r, b in zip(reports["minimax-alpha=4"],
+                  reports["average"], strict=True)]  # fmt: skip
+        assert regret[task][2] == cell(ratios)
+    scored = compare.run(
+        [*argv[: argv.index("--")], "--reference_run", str(out / "average" / "seed-1"), *argv[argv.index("--") :]]
+    )
+    assert len(recipe_calls) == 6 and scored["reference_run"] == str(out / "average" / "seed-1")
+    excess_part = (out / "comparison.md").read_text().split("Metric: excess")[1]
+    excess = table_rows(excess_part)
+    assert excess["task"] == list(runs)
+    for task in tasks:
+        differences = [
+            r["eval_task_loss"][task] - reports["average"][0]["eval_task_loss"][task] for r in reports["average"]
+        ]
+        assert (
+            differences[0] == 0.0
+            and excess[task][0] == f"{statistics.fmean(differences):+.4f} ± {statistics.stdev(differences):.4f}"
+        )
+    assert scored["scores"]["excess"]["average"]["per_seed"][0]["worst"] == 0.0  # the reference against itself
     assert (out / "frontier.png").read_bytes()[:8] == PNG_MAGIC
 
 

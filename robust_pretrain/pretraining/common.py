@@ -19,6 +19,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.output_dir import last_complete_checkpoint  # noqa: F401  (imported from here by the tests)
+from robust_pretrain.reporting.scoring import score_losses
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
@@ -109,10 +110,14 @@ def file_fingerprint(path: str | Path | None) -> str | None:
     return digest.hexdigest()
 
 
-def summarise_log(logs: dict[str, Any], max_steps: int) -> str:
+def summarise_log(logs: dict[str, Any], max_steps: int, reference: dict[str, float] | None = None) -> str:
     """One console line for a Trainer log: loss, learning rate, grad norm and the worst task (its loss and weight);
-    the per-task values themselves go to ``trainer_state.json`` and the configured loggers (``--report_to``)."""
+    an evaluation adds its mean and worst task loss with the worst task named. With ``reference`` (the reference loss
+    per task the run trains against) the worst task by excess over it follows, with its signed excess
+    (:mod:`robust_pretrain.reporting.scoring`). The per-task values themselves go to ``trainer_state.json`` and the
+    configured loggers (``--report_to``)."""
     task_losses = {k.split("/", 1)[1]: v for k, v in logs.items() if k.startswith("task_loss/")}
+    eval_losses = {k.split("/", 1)[1]: v for k, v in logs.items() if k.startswith("eval_task_loss/")}
     parts = [f"step {logs['step']}/{max_steps}"] if "step" in logs else []
     formats = {"loss": "loss {:.4f}", "learning_rate": "lr {:.2e}", "grad_norm": "grad norm {:.3f}"}
     parts += [fmt.format(logs[key]) for key, fmt in formats.items() if isinstance(logs.get(key), (int, float))]
@@ -120,6 +125,7 @@ def summarise_log(logs: dict[str, Any], max_steps: int) -> str:
         worst = max(task_losses, key=task_losses.get)
         weight = logs.get(f"task_weight/{worst}")
         parts.append(f"worst task {worst} {task_losses[worst]:.4f}" + (f" (weight {weight:.3f})" if weight else ""))
+        parts += _excess_part(task_losses, reference, "")
     elif "worst_task" in logs:  # more tasks than --max_logged_tasks: the trainer logged a summary
         parts.append(f"worst task {logs['worst_task']} {logs['worst_task_loss']:.4f}")
         parts.append(f"mean task loss {logs['mean_task_loss']:.4f}")
@@ -127,10 +133,28 @@ def summarise_log(logs: dict[str, Any], max_steps: int) -> str:
             parts.append(f"weights' effective number {logs['task_weight_effective_number']:.1f}")
     if "eval_mean_task_loss" in logs:
         parts.append(f"eval mean task loss {logs['eval_mean_task_loss']:.4f}")
-        parts.append(f"worst {logs.get('eval_worst_task_loss', float('nan')):.4f}")
+        worst = f" ({max(eval_losses, key=eval_losses.get)})" if eval_losses else ""
+        parts.append(f"worst {logs.get('eval_worst_task_loss', float('nan')):.4f}{worst}")
+        parts += _excess_part(eval_losses, reference, "eval ")
     if not parts:  # e.g. the end-of-training summary: its scalar entries
         parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in logs.items() if "/" not in k]
     return " | ".join(parts)
+
+
+def _excess_part(losses: dict[str, float], reference: dict[str, float] | None, prefix: str) -> list[str]:
+    """``["<prefix>excess mean m, worst w (task)"]`` of ``losses`` over ``reference``; nothing without either."""
+    scored = {task: loss for task, loss in losses.items() if reference is not None and task in reference}
+    if not scored:
+        return []
+    excess = score_losses(scored, reference)["excess"]
+    return [f"{prefix}excess mean {excess['mean']:+.4f}, worst {excess['worst']:+.4f} ({excess['worst_task']})"]
+
+
+def reference_of(args: MinimaxTrainingArguments) -> dict[str, float] | None:
+    """The reference loss per task the run's strategy trains against (``reference_losses``, as in its task report),
+    or None."""
+    reference = args.weighting_options().get("reference_losses")
+    return None if reference is None else dict(zip(args.task_names, reference, strict=True))
 
 
 class CompactProgressCallback(ProgressCallback):
@@ -138,7 +162,8 @@ class CompactProgressCallback(ProgressCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None:
-            self.training_bar.write(summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps))
+            line = summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps, reference_of(args))
+            self.training_bar.write(line)
 
 
 class CompactPrinterCallback(PrinterCallback):
@@ -146,7 +171,8 @@ class CompactPrinterCallback(PrinterCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_local_process_zero:
-            print(summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps), flush=True)
+            line = summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps, reference_of(args))
+            print(line, flush=True)
 
 
 def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> MinimaxTrainer:

@@ -10,7 +10,12 @@ for image modalities; ``--recipe``, by default the one whose options the ``--con
 reused and named as such, one with other settings is re-run (extended if only ``max_steps`` grew, else refused).
 Options after ``--`` go to every run. Writes ``comparison.json``, ``comparison.md``, ``comparison_tasks.png``
 (per-task loss, mean and worst case, with the spread across seeds) and, with ``--sweep`` (repeatable: one setting
-at a time), ``frontier.png`` (worst-case against mean loss for every run: the trade-off frontier).
+at a time), ``frontier.png`` (worst-case against mean for every run: the trade-off frontier).
+
+Every table and figure is given in each scale-free metric that applies (:mod:`robust_pretrain.reporting.scoring`):
+the raw held-out loss, its signed ``excess`` over a reference run's held-out loss (``--reference_run DIR``, else the
+``reference_run`` every run is given, after ``--`` or in the config file) and its ``regret`` against the
+``--baseline`` run (``L_t / L_t(baseline)``).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from typing import get_args, get_type_hints
 from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse, run_console
 from robust_pretrain.config import load_config_file
 from robust_pretrain.options import declared, path_problem, value_problems
-from robust_pretrain.pretraining.common import file_fingerprint
+from robust_pretrain.pretraining.common import file_fingerprint, peek_option
 from robust_pretrain.reporting.aggregation import aggregate_runs
 from robust_pretrain.reporting.plots import plot_comparison
-from robust_pretrain.reporting.tables import comparison_markdown
-from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
+from robust_pretrain.reporting.scoring import aggregate_scores, task_mismatch
+from robust_pretrain.reporting.tables import comparison_markdown, scores_markdown
+from robust_pretrain.reporting.task_report import TASK_REPORT_NAME, read_reference_run
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, WeightingArguments, accepted_options
 
@@ -102,6 +108,21 @@ def recipe_for_config(config: dict) -> str:
         unknown = {name: sorted(set(config) - recipe_options(name)) for name in RECIPES}
         raise ValueError(f"no recipe takes every option of the --config file (unknown options: {unknown})")
     return fitting[0]
+
+
+def planned_tasks(recipe: str, options: list[str]) -> list[str]:
+    """The task names the runs of ``recipe`` will have with ``options`` (the config file's included), before any run:
+    the task spec's tasks (PoS) or the modalities (MM-MAE)."""
+    if recipe == "multimae":
+        from robust_pretrain.pretraining.multimae import _task_names_from_argv
+
+        return _task_names_from_argv(options)
+    from robust_pretrain.data import TaskSpec
+
+    try:
+        return TaskSpec.resolve(peek_option(options, "task_spec")).task_names
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--task_spec: {err}") from err
 
 
 def run_settings(options: list[str], cli: argparse.Namespace) -> dict:
@@ -174,7 +195,14 @@ def run(argv: list[str]) -> dict:
     parser.add_argument(
         "--baseline",
         default=None,
-        help="run the relative changes are measured against (default: proportional if run, else the first strategy)",
+        help="run the relative changes and the regret are measured against (default: proportional if run, else the "
+        "first run)",
+    )
+    parser.add_argument(
+        "--reference_run",
+        default=None,
+        help="a finished run's output_dir: every run is also scored by its excess held-out loss over this run's "
+        "(default: the --reference_run given to every run after --, if any)",
     )
     parser.add_argument("--launcher", default="", help='e.g. "accelerate launch --num_processes 2 ..."')
     parser.add_argument(
@@ -197,25 +225,43 @@ def run(argv: list[str]) -> dict:
             f"--baseline {cli.baseline} is not among the runs ({', '.join(run_names)}); add its strategy to "
             "--strategies or name one of those runs"
         )
+    recipe_argv = [*(["--config", cli.config] if cli.config else []), *overrides]  # what every run is given
+    reference_run = cli.reference_run or peek_option(recipe_argv, "reference_run")
+    reference = None
+    if reference_run is not None:
+        option = "--reference_run" if cli.reference_run else "--reference_run (of every run)"
+        try:
+            reference = read_reference_run(reference_run, option)
+        except ValueError as err:
+            problems.append(str(err))
     refuse(problems)
+    if reference is not None:
+        tasks = planned_tasks(cli.recipe, recipe_argv)
+        refuse([why for why in [task_mismatch(tasks, list(reference), f"the reference run {reference_run}")] if why])
+    baseline = cli.baseline or ("proportional" if "proportional" in run_names else run_names[0])
     output_dir = Path(cli.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     reports: dict[str, list[dict]] = {}
     for run, strategy, options in runs:
         reports[run] = [run_one(output_dir / run / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds]
     table = aggregate_runs(reports)
+    scores = aggregate_scores(reports, reference, baseline)
     result = {
         "strategies": cli.strategies,
         "seeds": cli.seeds,
         "sweeps": cli.sweep or [],
         "overrides": overrides,
+        "baseline": baseline,
+        "reference_run": None if reference_run is None else str(reference_run),
+        "reference_losses": reference,
         "runs": table,
+        "scores": scores,
     }
     (output_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
-    baseline = cli.baseline or ("proportional" if "proportional" in cli.strategies else cli.strategies[0])
-    (output_dir / "comparison.md").write_text(comparison_markdown(table, baseline))
-    plot_comparison(table, reports, output_dir, frontier=bool(cli.sweep))
-    print(comparison_markdown(table, baseline))
+    markdown = comparison_markdown(table, baseline) + "\n" + scores_markdown(scores, baseline, reference_run)
+    (output_dir / "comparison.md").write_text(markdown)
+    plot_comparison(scores, output_dir, frontier=bool(cli.sweep))
+    print(markdown)
     return result
 
 

@@ -1,6 +1,8 @@
 """Everything a run writes besides its model: reports, model cards, plots and the aggregation of per-task results.
 
 * :mod:`.task_report` — a pre-training run's ``task_report.json`` (final weights, held-out loss per task, worst task).
+* :mod:`.scoring` — scale-free worst-case scores of per-task losses: raw, signed excess over a reference, regret
+  against a baseline, each with its mean and its worst task named.
 * :mod:`.aggregation` — per-task results over seeds and checkpoints: mean ± std, average, worst task named, deltas
   against a baseline and their size in standard errors (the suite, the comparison and the evidence tables).
 * :mod:`.cards` — the one model-card renderer: pre-training cards (one template for every task family: PoS groups,

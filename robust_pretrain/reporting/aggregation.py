@@ -61,9 +61,12 @@ def summarize_suite(
     limits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The suite's summary: per checkpoint the task means/stds over seeds (and every metric's mean), the average, the
-    worst task and the deltas against ``baseline``. ``tasks`` are the suite's :class:`SuiteTask` rows; a checkpoint
-    is labelled by its short label unless two share one."""
-    from robust_pretrain.evaluation.checkpoints import checkpoint_label  # the evaluation package imports this module
+    worst task and the deltas against ``baseline``; ``upstream``: the held-out scores of the checkpoints' pre-training
+    runs (:func:`~robust_pretrain.reporting.scoring.upstream_scores`; None without any ``task_report.json``).
+    ``tasks`` are the suite's :class:`SuiteTask` rows; a checkpoint is labelled by its short label unless two share
+    one."""
+    from robust_pretrain.evaluation.checkpoints import checkpoint_label, local_dir  # it imports this module
+    from robust_pretrain.reporting.scoring import upstream_scores  # scoring imports this module
 
     names = [task.name for task in tasks]
     higher_is_better = tasks[0].higher_is_better
@@ -97,6 +100,7 @@ def summarize_suite(
         "baseline": baseline,
         "limits": dict(limits or {}),
         "checkpoints": checkpoints,
+        "upstream": upstream_scores({checkpoint: local_dir(checkpoint) for checkpoint in checkpoints}, baseline),
     }
 
 

@@ -281,6 +281,19 @@ def build_model_card(content: ModelCardContent, *, model_name: str, model_id: st
         for key, kind in (("eval_mean_task_loss", "mean"), ("eval_worst_task_loss", "worst"))
         if report.get(key) is not None
     ]
+    excess = report.get("scores", {}).get("excess")
+    eval_results += [
+        EvalResult(
+            task_type=tasks.pipeline_tag,
+            dataset_type=tasks.data_kind,
+            dataset_name="held-out split",
+            metric_type="excess_loss",
+            metric_name=f"{kind} task excess {tasks.loss_name} over the reference",
+            metric_value=round(excess[kind], 4),
+        )
+        for kind in ("mean", "worst")
+        if excess
+    ]
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag=tasks.pipeline_tag,
@@ -293,7 +306,7 @@ def build_model_card(content: ModelCardContent, *, model_name: str, model_id: st
     )
     rows = [
         {"name": name, "cells": tasks.rows.get(name, ("",) * len(tasks.columns)), "weight": _fmt(weights.get(name)),
-         "loss": _fmt(losses.get(name))}
+         "loss": _fmt(losses.get(name)), "excess": _fmt(excess["tasks"].get(name)) if excess else None}
         for name in report["tasks"]
     ]  # fmt: skip
     return ModelCard.from_template(
@@ -315,6 +328,9 @@ def build_model_card(content: ModelCardContent, *, model_name: str, model_id: st
         mean_loss=_fmt(report.get("eval_mean_task_loss")),
         worst_loss=_fmt(report.get("eval_worst_task_loss")),
         worst_task=report.get("worst_task"),
+        excess={"mean": _fmt(excess["mean"]), "worst": _fmt(excess["worst"]), "worst_task": excess["worst_task"]}
+        if excess
+        else None,
         plot=content.plot,
         training_data=content.training_data.description,
         usage=tasks.usage.replace("{model_id}", model_id),

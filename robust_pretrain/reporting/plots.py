@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from robust_pretrain.reporting.scoring import METRIC_LABELS
+
 if TYPE_CHECKING:
     from matplotlib.colors import Colormap
     from matplotlib.figure import Figure
@@ -256,35 +258,51 @@ def plot_predictions(
 # ------------------------------------------------------------------------------------------ strategy comparison
 
 
-def plot_comparison(table: dict, reports: dict[str, list[dict]], output_dir: Path, frontier: bool) -> None:
-    """``comparison_tasks.png`` (per-task, mean and worst held-out loss per run, error bars: std over seeds) and, with
-    ``frontier``, ``frontier.png`` (worst-case against mean loss, one point per run and seed)."""
+def plot_comparison(scores: dict[str, dict[str, Any]], output_dir: Path, frontier: bool) -> None:
+    """Figures of a comparison of strategies, one panel per scale-free metric in ``scores``
+    (:func:`~robust_pretrain.reporting.scoring.aggregate_scores`: raw, excess, regret):
+    ``comparison_tasks.png`` (per-task, mean and worst value per run, error bars: std over seeds) and, with
+    ``frontier``, ``frontier.png`` (:func:`frontier_figure`)."""
     plt = _pyplot()
-    runs = list(table)
-    tasks = list(next(iter(table.values()))["task_loss"])
+    metrics = list(scores)
+    runs = list(scores[metrics[0]])
+    tasks = list(scores[metrics[0]][runs[0]]["tasks"])
     columns = [*tasks, "mean", "worst"]
     width = 0.8 / len(runs)
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(columns)), 4.5), constrained_layout=True)
-    for i, run in enumerate(runs):
-        stats = [table[run]["task_loss"][t] for t in tasks] + [
-            table[run]["mean_task_loss"],
-            table[run]["worst_task_loss"],
-        ]
-        positions = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(columns))]
-        ax.bar(positions, [s["mean"] for s in stats], width, yerr=[s["std"] for s in stats], label=run, capsize=2)
-    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
-    ax.set_ylabel("held-out task loss")
-    lows = [table[r]["task_loss"][t]["mean"] for r in runs for t in tasks]
-    ax.set_ylim(min(lows) * 0.95, None)
-    ax.legend(fontsize=8)
-    ax.set_title("per-task held-out loss (error bars: std over seeds)")
+    fig, axes = plt.subplots(
+        len(metrics), 1, figsize=(max(8, 1.1 * len(columns)), 4 * len(metrics)), squeeze=False, constrained_layout=True
+    )
+    for ax, metric in zip(axes[:, 0], metrics, strict=True):
+        for i, run in enumerate(runs):
+            entry = scores[metric][run]
+            stats = [entry["tasks"][t] for t in tasks] + [entry["mean"], entry["worst"]]
+            positions = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(columns))]
+            ax.bar(positions, [s["mean"] for s in stats], width, yerr=[s["std"] for s in stats], label=run, capsize=2)
+        ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+        ax.set_ylabel(METRIC_LABELS[metric])
+        if metric == "raw":
+            lows = [scores[metric][r]["tasks"][t]["mean"] for r in runs for t in tasks]
+            ax.set_ylim(min(lows) * 0.95, None)
+        if metric == "regret":
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_title(f"{METRIC_LABELS[metric]}, lower is better (error bars: std over seeds)", fontsize=9)
+        ax.legend(fontsize=8)
     _save(fig, output_dir / "comparison_tasks.png", dpi=110)
     if frontier:
-        fig, ax = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
-        for run, seeds in reports.items():
-            means = [r["eval_mean_task_loss"] for r in seeds]
-            worsts = [r["eval_worst_task_loss"] for r in seeds]
-            ax.scatter(means, worsts, label=run)
-        ax.set(xlabel="mean task loss", ylabel="worst task loss", title="trade-off frontier (one point per run)")
+        _save(frontier_figure(scores), output_dir / "frontier.png", dpi=110)
+
+
+def frontier_figure(scores: dict[str, dict[str, Any]], metrics: Sequence[str] | None = None) -> Figure:
+    """The trade-off frontier: worst task against mean over tasks, one point per run and seed, one panel per metric
+    (``metrics``: any of those in ``scores``, by default all)."""
+    plt = _pyplot()
+    metrics = list(scores) if metrics is None else list(metrics)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.5), squeeze=False, constrained_layout=True)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for run, entry in scores[metric].items():
+            seeds = entry["per_seed"]
+            ax.scatter([s["mean"] for s in seeds], [s["worst"] for s in seeds], label=run)
+        label = METRIC_LABELS[metric]
+        ax.set(xlabel=f"mean over tasks: {label}", ylabel=f"worst task: {label}", title=f"trade-off frontier: {metric}")
         ax.legend(fontsize=8)
-        _save(fig, output_dir / "frontier.png", dpi=110)
+    return fig

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from robust_pretrain.reporting.aggregation import worst_task
 from robust_pretrain.reporting.plots import plot_task_trajectories
+from robust_pretrain.reporting.scoring import report_reference, score_line, score_losses
 
 if TYPE_CHECKING:
     from robust_pretrain.trainer import MinimaxTrainer
@@ -46,7 +47,9 @@ def task_report(
     settings: dict[str, Any],
     final_weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """Final weight and held-out loss of every task, with the mean and the worst task.
+    """Final weight and held-out loss of every task, with the mean and the worst task, and the run's ``scores``
+    (:func:`~robust_pretrain.reporting.scoring.score_losses`): ``raw``, and ``excess`` over the reference losses the
+    run trained against, if any (``reference_losses``).
 
     The final weights are those of the last logged step; ``final_weights`` (the weights of the run's last optimizer
     step, ``MinimaxTrainer.step_weights``) replace them when the log history does not reach the last step (the Trainer
@@ -61,9 +64,10 @@ def task_report(
         name: eval_metrics[f"eval_task_loss/{name}"] for name in task_names if f"eval_task_loss/{name}" in eval_metrics
     }
     worst = worst_task(eval_losses, higher_is_better=False) if eval_losses else None
+    report = {"tasks": task_names, **settings}
+    reference = report_reference(report)
     return {
-        "tasks": task_names,
-        **settings,
+        **report,
         "final_weights": final,
         "eval_task_loss": eval_losses,
         "eval_mean_task_loss": eval_metrics.get("eval_mean_task_loss"),
@@ -71,7 +75,24 @@ def task_report(
         "worst_task": worst,
         "eval_loss": eval_metrics.get("eval_loss"),
         "train_steps": train_steps,
+        "reference_losses": reference,
+        "scores": score_losses(eval_losses, reference) if eval_losses else {},
     }
+
+
+def read_reference_run(run_dir: str | Path, option: str) -> dict[str, float]:
+    """The held-out loss per task of a finished run (its ``task_report.json``); ``ValueError`` naming ``option``
+    when the directory holds no readable report with held-out losses."""
+    path = Path(run_dir) / TASK_REPORT_NAME
+    if not path.is_file():
+        where = "no such directory" if not Path(run_dir).is_dir() else f"it has no {TASK_REPORT_NAME}"
+        raise ValueError(f"{option} {run_dir}: {where} (give the output_dir of a finished pre-training run)")
+    try:
+        report = json.loads(path.read_text())
+        losses = {task: float(report["eval_task_loss"][task]) for task in report["tasks"]}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{option} {run_dir}: {TASK_REPORT_NAME} has no held-out loss for every task ({err})") from err
+    return losses
 
 
 def write_task_report(report: dict[str, Any], output_dir: str | Path) -> Path:
@@ -81,9 +102,12 @@ def write_task_report(report: dict[str, Any], output_dir: str | Path) -> Path:
 
 
 def write_report_and_card(trainer: MinimaxTrainer, report: dict[str, Any], render_card: Callable[[], Any]) -> None:
-    """``task_report.json``, the trajectory plot and the model card (``render_card``, also used by push_to_hub)."""
+    """``task_report.json``, the trajectory plot and the model card (``render_card``, also used by push_to_hub); the
+    console gets the held-out scores in one line (:func:`~robust_pretrain.reporting.scoring.score_line`)."""
     if not trainer.args.should_save:
         return
+    if report["scores"]:
+        print(f"held-out scores: {score_line(report['scores'])}", flush=True)
     output_dir = Path(trainer.args.output_dir)
     write_task_report(report, output_dir)
     plot_task_trajectories(report["tasks"], trainer.state.log_history, output_dir / TRAJECTORY_PLOT_NAME)
