@@ -93,7 +93,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         metadata={"help": "Compute vocabulary logits only at target positions when the model has an MLM head."},
     )
     causal_lm_chunk_size: int = option(
-        1024,
+        128,
         "Causal LMs: compute the next-token losses this many target positions at a time from the final hidden states, "
         "so only one chunk's logits exist at once (recomputed in the backward pass) instead of [batch, seq, vocab]; "
         "0 keeps the model's full logits.",
