@@ -264,6 +264,11 @@ class ChunkedNextTokenLoss:
         hidden = args[0]
         if hidden.dim() != 3 or hidden.shape[:2] != mask.shape:
             return None
+        if self._losses is not None:
+            raise ValueError(
+                f"{OPTION}: the output embeddings of {self.model_name} ran twice in one forward pass (more than one "
+                f"next-token head); set {OPTION}=0"
+            )
         self._losses = chunked_head_losses(hidden[mask], module, targets, self.chunk_size, self.transform, smoothing)
         first_position = hidden[:, :1]
         if not self.verified:
