@@ -27,6 +27,8 @@ median step-time ratio among those whose step peak memory is at most 0.5x the pl
 differ by less than 0.03, the smaller chunk (less memory).
 
     python benchmarks/bench_causal_lm_memory.py   # writes benchmarks/results/causal_lm_memory.{json,md}
+    python benchmarks/bench_causal_lm_memory.py --batch-size 4 --hidden 128 --configs plain minimax-chunk128 \
+        --name causal_lm_memory_b4_h128           # the default chunk size at 4x the targets
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory-repeats", type=int, default=1, help="processes per configuration (median)")
     parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--name", default="causal_lm_memory", help="results file name, without extension")
     parser.add_argument("--memory-of", choices=CONFIGS, help=argparse.SUPPRESS)
     cli = parser.parse_args()
     torch.set_num_threads(1)
@@ -209,7 +212,7 @@ def main() -> None:
         "torch": torch.__version__,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "causal_lm_memory.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=1))
+    (RESULTS / f"{cli.name}.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=1))
     lines = [
         f"Setup: {json.dumps(setup)}",
         "",
@@ -222,7 +225,7 @@ def main() -> None:
         f"{r['memory_ratio']:.3f} | {r['process_peak_mb']:.0f} |"
         for r in rows
     ]
-    (RESULTS / "causal_lm_memory.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{cli.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

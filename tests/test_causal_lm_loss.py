@@ -271,3 +271,12 @@ def test_two_gloo_processes_in_chunks_give_the_plain_trainer_gradient(tmp_path):
     plain = plain_trainer_grads(tmp_path / "plain", tiny_llama, domain_examples(8))
     for rank in (0, 1):
         assert max_relative_difference(plain, load_file(out / f"grads-rank{rank}.safetensors")) <= 1e-5, rank
+
+
+def test_with_torch_compile_the_model_computes_its_full_logits_and_says_so(tmp_path, capfd, caplog):
+    args = make_args(str(tmp_path), torch_compile=True, causal_lm_chunk_size=4)
+    with caplog.at_level("WARNING"):
+        trainer = MinimaxTrainer(model=tiny_llama(), args=args)
+    assert trainer.lm_loss is None
+    logged = caplog.text + capfd.readouterr().err
+    assert "causal_lm_chunk_size is not supported with torch_compile: the model computes its full logits" in logged
