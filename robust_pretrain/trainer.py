@@ -28,6 +28,8 @@ otherwise abort the finished process: ``terminate called without an active excep
 A causal LM (see :func:`is_causal_lm`) is trained on next-token targets, shifted exactly as its own loss shifts them
 (``labels`` padded with -100 and shifted left, or the batch's ``shift_labels``); token-level ``task_ids`` are shifted
 with the labels, so each target counts for the task of the predicted token. Its eval metrics add per-task perplexities.
+Its losses come from the final hidden states, ``causal_lm_chunk_size`` targets at a time, without the full logits
+(:mod:`robust_pretrain.causal_lm_loss`).
 
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``
 is refused (return ``task_losses`` from the model instead). In distributed evaluation the repeats the sampler adds to
@@ -58,6 +60,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
+from .causal_lm_loss import ChunkedNextTokenLoss
 from .seeding import SetEpochCallback
 from .task_losses import TargetPositionsHead, next_token_targets, per_target_losses, reduce_by_task, target_task_ids
 from .training_args import MinimaxTrainingArguments
@@ -116,6 +119,8 @@ class MinimaxTrainer(Trainer):
         self.causal_lm = is_causal_lm(self.model)
         sparse_head = self.args.sparse_mlm_head and not self.causal_lm
         self.mlm_head = TargetPositionsHead.attach(self.model) if sparse_head else None
+        #: a causal LM's per-target losses computed chunk by chunk from its hidden states (``causal_lm_chunk_size``)
+        self.lm_loss = self._chunked_lm_loss()
         #: the weights of the step's objective over the union of its batches (as logged and checkpointed)
         self.step_weights = torch.zeros(self.num_tasks)
         self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
@@ -156,6 +161,16 @@ class MinimaxTrainer(Trainer):
                 f"fp16 was requested but Accelerate does not autocast to fp16 on {self.args.device.type}: this run "
                 "trains in fp32. On CPU use --bf16 for mixed precision."
             )
+
+    def _chunked_lm_loss(self) -> ChunkedNextTokenLoss | None:
+        if not (self.causal_lm and self.args.causal_lm_chunk_size):
+            return None
+        running = self.accelerator.distributed_type
+        if running in (DistributedType.FSDP, DistributedType.DEEPSPEED) or self.args.torch_compile:
+            reason = "torch_compile" if self.args.torch_compile else running.value
+            logger.warning(f"causal_lm_chunk_size is not supported with {reason}: the model computes its full logits")
+            return None
+        return ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
 
     @property
     def num_tasks(self) -> int:
@@ -241,15 +256,24 @@ class MinimaxTrainer(Trainer):
             and not self._collecting_predictions  # user code gets logits in the layout of the labels
             and labels.shape == inputs.get("input_ids", labels).shape
         )
-        with self.mlm_head.select(mask) if sparse else nullcontext():
-            outputs = model(**inputs)
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        if logits.shape[:-1] == labels.shape:
-            logits = logits[mask]
-        elif logits.shape[0] != ids.numel():
-            raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
-        sums, counts = reduce_by_task(per_target_losses(logits, labels[mask], smoothing), ids, self.num_tasks)
+        chunked = self.lm_loss is not None and not self._collecting_predictions
+        if chunked:  # the model returns the logits of its first position only
+            context = self.lm_loss.targets(mask, labels[mask], smoothing)
+        else:
+            context = self.mlm_head.select(mask) if sparse else nullcontext()
+        with context:
+            outputs = model(**inputs)
+        if chunked:
+            losses = self.lm_loss.losses(outputs)
+        else:
+            logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+            if logits.shape[:-1] == labels.shape:
+                logits = logits[mask]
+            elif logits.shape[0] != ids.numel():
+                raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
+            losses = per_target_losses(logits, labels[mask], smoothing)
+        sums, counts = reduce_by_task(losses, ids, self.num_tasks)
         return sums, counts, outputs
 
     def _targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

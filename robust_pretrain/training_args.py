@@ -92,6 +92,13 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         default=True,
         metadata={"help": "Compute vocabulary logits only at target positions when the model has an MLM head."},
     )
+    causal_lm_chunk_size: int = option(
+        128,
+        "Causal LMs: compute the next-token losses this many target positions at a time from the final hidden states, "
+        "so only one chunk's logits exist at once (recomputed in the backward pass) instead of [batch, seq, vocab]; "
+        "0 keeps the model's full logits.",
+        minimum=0,
+    )
     max_logged_tasks: int = option(
         32,
         "With more tasks than this, training logs (console, trainer_state.json) carry a summary (worst task and its "

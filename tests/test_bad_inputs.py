@@ -142,6 +142,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("pos-mlm", ["--weighting", "dwa", "--dwa_temperature", "-2"], ["--dwa_temperature must be > 0"]),
     ("pos-mlm", ["--weighting", "gradnorm", "--gradnorm_alpha", "-1"], ["--gradnorm_alpha must be >= 0"]),
     ("pos-mlm", ["--weighting_learning_rate", "0"], ["--weighting_learning_rate must be > 0"]),
+    ("pos-mlm", ["--causal_lm_chunk_size", "-1"], ["--causal_lm_chunk_size must be >= 0"]),
     ("pos-mlm", ["--weighting", "average", "--alpha", "2"], ["alpha: not used by weighting='average'"]),
     ("pos-mlm", ["--use_lora", "true", "--lora_r", "0"], ["--lora_r must be a positive integer"]),
     ("pos-mlm", ["--lora_dropout", "1"], ["--lora_dropout must be in [0, 1)"]),
@@ -298,6 +299,12 @@ API_CASES: list[tuple[str, Callable[[Path], object], type[Exception], str]] = [
         lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a"], learning_rate=math.nan),
         ValueError,
         "learning_rate must be a finite number",
+    ),  # fmt: skip
+    (
+        "causal lm chunk size -8",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a"], causal_lm_chunk_size=-8),
+        ValueError,
+        "causal_lm_chunk_size must be >= 0",
     ),  # fmt: skip
     ("lora r 0", lambda tmp: LoraArguments(lora_r=0), ValueError, "lora_r must be a positive integer"),
     ("lora dropout", lambda tmp: LoraArguments(lora_dropout=math.inf), ValueError, "lora_dropout must be a finite"),

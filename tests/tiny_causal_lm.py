@@ -118,10 +118,13 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--grad_accum", type=int, default=1)
     parser.add_argument("--weighting", default="proportional")
+    parser.add_argument("--chunk_size", type=int, help="causal_lm_chunk_size (default: the option's default)")
     cli = parser.parse_args()
+    chunking = {} if cli.chunk_size is None else {"causal_lm_chunk_size": cli.chunk_size}
     args = make_args(
         cli.out,
         weighting=cli.weighting,
+        **chunking,
         per_device_train_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,
         data_seed=7,

@@ -1,0 +1,297 @@
+"""A causal LM's next-token losses without its full logits: the output embeddings applied chunk by chunk.
+
+A decoder step's largest tensors are its ``[batch, seq, vocab]`` logits (in fp32 for the loss, and again for their
+gradient). :class:`ChunkedNextTokenLoss` hooks the model's output-embeddings module (``lm_head``, found generically
+with ``get_output_embeddings()``): during the model's own forward pass it takes the final hidden states at the target
+positions and computes each target's cross-entropy ``chunk_size`` targets at a time (:func:`chunked_head_losses`); only
+one chunk's logits exist at a time, in the forward pass and again in the backward pass, which recomputes them. The
+head itself then runs on the first position only, and those logits (what the model returns) check once that the
+head's output is reproduced: ``nn.Linear`` followed by the logit scaling and soft-capping conventions of
+transformers' decoders (:class:`LogitTransform`). A model whose head does something else is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: the option that switches the chunked loss off, named in every refusal
+OPTION = "causal_lm_chunk_size"
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a decoder does to its head's output before the loss: ``softcap * tanh(scale * z / softcap)``.
+
+    ``scale`` is Cohere's ``logit_scale`` (multiplied), Granite's ``1 / logits_scaling`` (divided) and a text
+    config's ``output_multiplier``; ``softcap`` is Gemma's ``final_logit_softcapping`` (``None``: none).
+    """
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> LogitTransform:
+        """The transform a transformers config declares (identity for Llama, GPT-2, Qwen2, ...)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        scale = 1.0
+        for name in ("logit_scale", "output_multiplier"):
+            if getattr(text, name, None) is not None:
+                scale *= float(getattr(text, name))
+        if getattr(text, "logits_scaling", None) is not None:
+            scale /= float(text.logits_scaling)
+        softcap = getattr(text, "final_logit_softcapping", None)
+        return cls(scale=scale, softcap=None if softcap is None else float(softcap))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """The transformed logits (in place on ``logits``, which must not need a gradient)."""
+        if self.scale != 1.0:
+            logits.mul_(self.scale)
+        if self.softcap is not None:
+            logits.div_(self.softcap).tanh_().mul_(self.softcap)
+        return logits
+
+    def backward(self, grad: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
+        """The gradient w.r.t. the head's output from that w.r.t. the ``transformed`` logits (in place on ``grad``)."""
+        if self.softcap is not None:  # d/dz c * tanh(z / c) = 1 - tanh^2 = 1 - (out / c)^2
+            grad.mul_(1 - (transformed / self.softcap).square_())
+        if self.scale != 1.0:
+            grad.mul_(self.scale)
+        return grad
+
+
+class _ChunkedHeadCrossEntropy(torch.autograd.Function):
+    """Per-target cross-entropy of ``transform(hidden @ weight.T + bias)``, one chunk of targets at a time.
+
+    The forward pass keeps each target's log-sum-exp; the backward pass recomputes each chunk's logits, turns them
+    into ``softmax - target distribution`` in place and multiplies by the incoming per-target gradients, so the
+    gradients equal those of the unchunked loss whatever weight each target has in the objective.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        chunk_size: int,
+        transform: LogitTransform,
+        smoothing: float,
+        compute_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        loss_dtype = softmax_dtype(compute_dtype)
+        losses = hidden.new_empty(hidden.shape[0], dtype=loss_dtype)
+        log_normalizers = torch.empty_like(losses)
+        head = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            logits = transform(F.linear(_cast(hidden[rows], compute_dtype), *head).to(loss_dtype))
+            log_normalizers[rows] = torch.logsumexp(logits, dim=-1)
+            target_logits = logits.gather(1, targets[rows, None]).squeeze(1)
+            losses[rows] = log_normalizers[rows] - (1 - smoothing) * target_logits
+            if smoothing:
+                losses[rows] -= smoothing * logits.mean(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, log_normalizers)
+        ctx.options = chunk_size, transform, smoothing, compute_dtype
+        return losses
+
+    @staticmethod
+    def backward(ctx: Any, grad_losses: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, log_normalizers = ctx.saved_tensors
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _ChunkedHeadCrossEntropy._gradients(
+                ctx.needs_input_grad[:3], grad_losses, hidden, weight, bias, targets, log_normalizers, *ctx.options
+            )
+
+    @staticmethod
+    def _gradients(
+        needs_grad: tuple[bool, bool, bool],
+        grad_losses: torch.Tensor,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        log_normalizers: torch.Tensor,
+        chunk_size: int,
+        transform: LogitTransform,
+        smoothing: float,
+        compute_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor | None, ...]:
+        need_hidden, need_weight, need_bias = needs_grad
+        head = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        loss_dtype = softmax_dtype(compute_dtype)
+        grad_weight = torch.zeros(weight.shape, dtype=loss_dtype, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(bias.shape, dtype=loss_dtype, device=bias.device) if need_bias else None
+        grad_losses = grad_losses.to(loss_dtype)
+        vocab = weight.shape[0]
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            chunk = _cast(hidden[rows], compute_dtype)
+            logits = transform(F.linear(chunk, *head).to(loss_dtype))
+            # softmax, in place unless the soft-cap's derivative needs the logits
+            grad = (
+                logits.sub(log_normalizers[rows, None])
+                if transform.softcap
+                else logits.sub_(log_normalizers[rows, None])
+            ).exp_()
+            grad.scatter_add_(1, targets[rows, None], grad.new_full((grad.shape[0], 1), smoothing - 1))
+            if smoothing:
+                grad.sub_(smoothing / vocab)
+            grad.mul_(grad_losses[rows, None])
+            grad = transform.backward(grad, logits).to(compute_dtype)
+            del logits
+            if need_hidden:
+                grad_hidden[rows] = grad @ head[0]
+            if need_weight and compute_dtype == loss_dtype:
+                grad_weight.addmm_(grad.T, chunk)
+            elif need_weight:
+                grad_weight.add_(grad.T @ chunk)
+            if need_bias:
+                grad_bias.add_(grad.sum(dim=0))
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            *(None,) * 5,
+        )
+
+
+def softmax_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """fp32 for the softmax and losses, or the head's own dtype where it is wider (fp64)."""
+    return torch.promote_types(compute_dtype, torch.float32)
+
+
+def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(dtype)
+
+
+def chunked_head_losses(
+    hidden: torch.Tensor,
+    head: torch.nn.Linear,
+    targets: torch.Tensor,
+    chunk_size: int,
+    transform: LogitTransform = LogitTransform(),
+    smoothing: float = 0.0,
+) -> torch.Tensor:
+    """Cross-entropy (fp32, unreduced) of each row of ``hidden`` ``[N, hidden]`` under ``transform(head(hidden))``
+    against ``targets`` ``[N]``, ``chunk_size`` rows at a time; at most one chunk's logits exist at once, in the forward
+    and in the backward pass. ``smoothing`` is the Trainer's label smoothing. Under autocast the head's matmul runs in
+    the autocast dtype (as ``head(hidden)`` would), the softmax in fp32 (:func:`softmax_dtype`).
+    """
+    device = hidden.device.type
+    autocast = torch.is_autocast_enabled(device)
+    compute_dtype = (
+        torch.get_autocast_dtype(device) if autocast else torch.promote_types(hidden.dtype, head.weight.dtype)
+    )
+    with torch.autocast(device, enabled=False):
+        return _ChunkedHeadCrossEntropy.apply(
+            hidden, head.weight, head.bias, targets, chunk_size, transform, smoothing, compute_dtype
+        )
+
+
+class ChunkedNextTokenLoss:
+    """Computes a causal LM's per-target next-token losses inside its forward pass, in chunks of positions.
+
+    A forward pre-hook on the output-embeddings module (a plain ``nn.Linear``) takes the hidden states
+    ``[batch, seq, hidden]``, computes the losses of the targets selected by :meth:`targets` with
+    :func:`chunked_head_losses`, and passes the head only the first position, so the model returns logits of shape
+    ``[batch, 1, vocab]``. The first time, those logits are compared with the head's output as reproduced here
+    (:class:`LogitTransform`); a mismatch raises ``ValueError``. The hook changes nothing in the model's state dict
+    and does nothing outside :meth:`targets`.
+    """
+
+    def __init__(self, model: torch.nn.Module, head: torch.nn.Module, chunk_size: int) -> None:
+        if type(head) is not torch.nn.Linear:
+            raise ValueError(
+                f"{OPTION}: the output embeddings of {type(model).__name__} are a {type(head).__name__}, not a plain "
+                f"nn.Linear whose output the chunked loss can reproduce; set {OPTION}=0"
+            )
+        self.model_name = type(model).__name__
+        self.head = head
+        self.chunk_size = chunk_size
+        self.transform = LogitTransform.of(model.config) if hasattr(model, "config") else LogitTransform()
+        self.verified = False
+        self._request: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        self._losses: torch.Tensor | None = None
+        self._first_position: torch.Tensor | None = None
+        self._handle = head.register_forward_pre_hook(self._compute_losses)
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module, chunk_size: int) -> ChunkedNextTokenLoss:
+        """Hook the output embeddings of ``model`` (also inside a peft wrapper)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        get_output = getattr(base, "get_output_embeddings", None)
+        head = get_output() if callable(get_output) else None
+        if head is None:
+            raise ValueError(f"{OPTION}: {type(base).__name__} has no output embeddings (get_output_embeddings)")
+        return cls(base, head, chunk_size)
+
+    @contextmanager
+    def targets(self, mask: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.0) -> Iterator[None]:
+        """Within the block, the model's forward pass computes the losses of ``targets`` (the labels at the positions
+        where ``mask`` ``[batch, seq]`` is true, in that order); read them with :meth:`losses`."""
+        self._request, self._losses = (mask, targets, smoothing), None
+        try:
+            yield
+        finally:
+            self._request = None
+
+    def losses(self, outputs: Any) -> torch.Tensor:
+        """The per-target losses of the last forward pass; ``outputs`` (the model's) check the head the first time."""
+        if self._losses is None:
+            raise ValueError(
+                f"{OPTION}: the output embeddings of {self.model_name} never received hidden states of the labels' "
+                f"shape [batch, seq, hidden]; set {OPTION}=0"
+            )
+        if not self.verified:
+            logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+            self._verify(logits)
+        losses, self._losses = self._losses, None
+        return losses
+
+    def _compute_losses(self, module: torch.nn.Module, args: tuple) -> tuple | None:
+        if self._request is None or not args or not torch.is_tensor(args[0]):
+            return None
+        mask, targets, smoothing = self._request
+        hidden = args[0]
+        if hidden.dim() != 3 or hidden.shape[:2] != mask.shape:
+            return None
+        if self._losses is not None:
+            raise ValueError(
+                f"{OPTION}: the output embeddings of {self.model_name} ran twice in one forward pass (more than one "
+                f"next-token head); set {OPTION}=0"
+            )
+        self._losses = chunked_head_losses(hidden[mask], module, targets, self.chunk_size, self.transform, smoothing)
+        first_position = hidden[:, :1]
+        if not self.verified:
+            with torch.no_grad():
+                self._first_position = F.linear(first_position, module.weight, module.bias)
+        return (first_position, *args[1:])
+
+    def _verify(self, logits: torch.Tensor) -> None:
+        expected, self._first_position = self._first_position, None
+        if expected is None or logits.shape != expected.shape:
+            raise ValueError(
+                f"{OPTION}: {self.model_name} returned logits of shape {tuple(logits.shape)} from its head's output "
+                f"of shape {None if expected is None else tuple(expected.shape)}; set {OPTION}=0"
+            )
+        expected = self.transform(expected.float())
+        tolerance = 1e-4 if logits.dtype == torch.float32 else 2e-2
+        error = (logits.detach().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)
+        if not math.isfinite(error) or error > tolerance:
+            raise ValueError(
+                f"{OPTION}: the logits of {self.model_name} are not its output embeddings' output transformed as "
+                f"its config declares ({self.transform}); relative difference {float(error):.2g}; set {OPTION}=0"
+            )
+        self.verified = True
+
+    def remove(self) -> None:
+        self._handle.remove()

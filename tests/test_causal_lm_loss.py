@@ -1,0 +1,282 @@
+"""Chunked next-token losses (``causal_lm_chunk_size``): the losses and gradients of the full logits, without them."""
+
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
+from ports import free_port
+from processes import TESTS, checkout_env
+from safetensors.torch import load_file
+from test_causal_lm import LAUNCH, plain_trainer_grads
+from test_trainer import max_relative_difference, one_step
+from tiny_causal_lm import (
+    LLAMA_STYLE_SIZE,
+    as_dataset,
+    domain_examples,
+    make_args,
+    minimax_grads,
+    tiny_gpt2,
+    tiny_llama,
+    tiny_qwen2,
+)
+from transformers import (
+    CohereConfig,
+    CohereForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
+    LlamaForCausalLM,
+)
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from robust_pretrain import MinimaxTrainer
+from robust_pretrain.causal_lm_loss import LogitTransform, chunked_head_losses
+
+N, HIDDEN, VOCAB = 13, 8, 11
+CAPPED = LogitTransform(scale=0.5, softcap=2.0)
+
+
+def reference_losses(hidden, head, targets, transform: LogitTransform, smoothing: float) -> torch.Tensor:
+    """The unchunked loss, with autograd: full logits, scaled and soft-capped as the models do, then cross-entropy."""
+    logits = head(hidden).float() * transform.scale
+    if transform.softcap is not None:
+        logits = transform.softcap * torch.tanh(logits / transform.softcap)
+    return F.cross_entropy(logits, targets, reduction="none", label_smoothing=smoothing)
+
+
+def losses_and_grads(compute, dtype=torch.float32) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per-target losses of ``compute(hidden, head, targets)`` and the gradients of ``sum_i g_i * loss_i`` (random
+    ``g``: each target weighs differently, as tasks with different weights and counts do)."""
+    torch.manual_seed(0)
+    hidden = (3 * torch.randn(N, HIDDEN, dtype=dtype)).requires_grad_()
+    head = torch.nn.Linear(HIDDEN, VOCAB, dtype=dtype)
+    targets = torch.randint(0, VOCAB, (N,))
+    upstream = torch.rand(N, dtype=torch.float32)
+    losses = compute(hidden, head, targets)
+    (losses * upstream).sum().backward()
+    return losses.detach(), [hidden.grad, head.weight.grad, head.bias.grad]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, N, 64])
+@pytest.mark.parametrize("transform", [LogitTransform(), CAPPED], ids=["identity", "scaled-capped"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_chunked_losses_and_gradients_equal_those_of_the_full_logits(chunk_size, transform, smoothing):
+    expected, expected_grads = losses_and_grads(lambda h, head, y: reference_losses(h, head, y, transform, smoothing))
+    losses, grads = losses_and_grads(
+        lambda h, head, y: chunked_head_losses(h, head, y, chunk_size, transform, smoothing)
+    )
+    assert losses.dtype == torch.float32
+    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    for grad, reference in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_pass_the_float64_gradient_check():
+    """Finite differences of the chunked function itself (not compared with another implementation)."""
+    torch.manual_seed(1)
+    hidden = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    head = torch.nn.Linear(3, 4, dtype=torch.float64)
+    targets = torch.tensor([0, 3, 1, 1, 2])
+
+    weight = head.weight.detach().clone().requires_grad_()
+    bias = head.bias.detach().clone().requires_grad_()
+    del head.weight, head.bias  # plain tensors in their place, so gradcheck can vary them
+
+    def losses(h, w, b):
+        head.weight, head.bias = w, b
+        return chunked_head_losses(h, head, targets, 2, CAPPED, 0.2)
+
+    assert torch.autograd.gradcheck(losses, (hidden, weight, bias))
+
+
+def test_under_bf16_autocast_the_head_runs_in_bf16_and_the_softmax_in_fp32():
+    torch.manual_seed(2)
+    hidden, head, targets = torch.randn(N, HIDDEN), torch.nn.Linear(HIDDEN, VOCAB), torch.randint(0, VOCAB, (N,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.cross_entropy(head(hidden).float(), targets, reduction="none")
+        losses = chunked_head_losses(hidden, head, targets, 4)
+    torch.testing.assert_close(losses, expected, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(losses, F.cross_entropy(head(hidden), targets, reduction="none"), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("make_model", [tiny_gpt2, tiny_llama, tiny_qwen2])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_proportional_in_chunks_gives_the_plain_trainer_gradient(tmp_path, make_model, accumulation):
+    """Chunks of 5 positions (not a divisor of any micro-batch's target count): the model's own loss's gradient."""
+    examples = domain_examples(8)
+    options = dict(per_device_train_batch_size=8 // accumulation, gradient_accumulation_steps=accumulation)
+    plain = plain_trainer_grads(tmp_path / "plain", make_model, examples, **options)
+    args = make_args(str(tmp_path / "p"), weighting="proportional", causal_lm_chunk_size=5, **options)
+    assert max_relative_difference(plain, minimax_grads(make_model(), args, examples)) <= 1e-5
+
+
+def lora_llama() -> torch.nn.Module:
+    return get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+
+
+@pytest.mark.parametrize(
+    ("make_model", "options"),
+    [
+        (tiny_llama, dict(alpha=3.0)),
+        (tiny_llama, dict(alpha=3.0, label_smoothing_factor=0.1)),
+        (tiny_llama, dict(weighting="gradnorm")),  # per-task gradients: the chunked backward runs once per task
+        (lora_llama, dict(alpha=3.0)),
+    ],
+    ids=["minimax", "minimax-smoothing", "gradnorm", "minimax-lora"],
+)
+def test_task_weights_in_chunks_give_the_full_logits_gradient(tmp_path, make_model, options):
+    examples = domain_examples(8)
+    options = dict(options, per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    full = minimax_grads(make_model(), make_args(str(tmp_path / "f"), causal_lm_chunk_size=0, **options), examples)
+    chunked = minimax_grads(make_model(), make_args(str(tmp_path / "c"), causal_lm_chunk_size=3, **options), examples)
+    assert max_relative_difference(full, chunked) <= 1e-5
+
+
+def test_bf16_training_in_chunks_matches_the_full_logits(tmp_path):
+    """``--bf16`` (autocast on CPU): the head's matmul in bf16 both ways, the losses in fp32; the chunked gradient is
+    closer to the full logits' than bf16 itself is to fp32 (measured: 1.4e-3 against 3.7e-3)."""
+    examples = domain_examples(8)
+    options = dict(weighting="minimax", per_device_train_batch_size=8)
+    fp32 = minimax_grads(tiny_llama(), make_args(str(tmp_path / "32"), causal_lm_chunk_size=0, **options), examples)
+    options["bf16"] = True
+    full = minimax_grads(tiny_llama(), make_args(str(tmp_path / "f"), causal_lm_chunk_size=0, **options), examples)
+    chunked = minimax_grads(tiny_llama(), make_args(str(tmp_path / "c"), causal_lm_chunk_size=5, **options), examples)
+    assert max_relative_difference(full, chunked) < max_relative_difference(fp32, full)
+
+
+def tiny_gemma2() -> Gemma2ForCausalLM:
+    torch.manual_seed(0)
+    size = {**LLAMA_STYLE_SIZE, "head_dim": 16}
+    return Gemma2ForCausalLM(Gemma2Config(**size, final_logit_softcapping=0.5, attn_logit_softcapping=None))
+
+
+def tiny_cohere() -> CohereForCausalLM:
+    torch.manual_seed(0)
+    return CohereForCausalLM(CohereConfig(**LLAMA_STYLE_SIZE, logit_scale=4.0))
+
+
+def tiny_granite() -> GraniteForCausalLM:
+    torch.manual_seed(0)
+    return GraniteForCausalLM(GraniteConfig(**LLAMA_STYLE_SIZE, logits_scaling=0.25))
+
+
+@pytest.mark.parametrize(
+    ("make_model", "transform"),
+    [
+        (tiny_gemma2, LogitTransform(softcap=0.5)),
+        (tiny_cohere, LogitTransform(scale=4.0)),
+        (tiny_granite, LogitTransform(scale=4.0)),
+    ],
+)
+def test_soft_capped_and_scaled_logits_give_the_models_own_loss(tmp_path, make_model, transform):
+    """Gemma 2's soft-cap, Cohere's ``logit_scale``, Granite's ``logits_scaling`` are read from the config; without
+    them the check against the model's own logits refuses to go on."""
+    examples = domain_examples(6)
+    args = make_args(str(tmp_path), weighting="proportional", causal_lm_chunk_size=7)
+    trainer = MinimaxTrainer(model=make_model(), args=args)
+    assert trainer.lm_loss.transform == transform
+    loss = one_step(trainer, examples)
+    own = make_model()(**{k: v for k, v in examples.items() if k != "task_ids"}).loss
+    assert trainer.lm_loss.verified and loss.item() == pytest.approx(own.item(), rel=1e-6)
+    unaware = MinimaxTrainer(model=make_model(), args=args)
+    unaware.lm_loss.transform = LogitTransform()
+    with pytest.raises(ValueError, match="are not its output embeddings' output transformed as its config declares"):
+        one_step(unaware, examples)
+
+
+class DoubledLogits(LlamaForCausalLM):
+    """A head the config does not describe: the logits doubled after ``lm_head``."""
+
+    def forward(self, **kwargs):
+        outputs = super().forward(**kwargs)
+        outputs.logits = 2 * outputs.logits
+        return outputs
+
+
+def test_a_head_that_does_more_than_its_config_says_is_refused(tmp_path):
+    trainer = MinimaxTrainer(model=DoubledLogits(tiny_llama().config), args=make_args(str(tmp_path)))
+    with pytest.raises(ValueError, match=r"causal_lm_chunk_size: the logits of DoubledLogits .* set causal_lm_chunk"):
+        one_step(trainer, domain_examples(3))
+
+
+class TwoHeads(LlamaForCausalLM):
+    """Next-token logits from two passes through ``lm_head`` (as multi-token prediction heads make)."""
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return CausalLMOutputWithPast(logits=self.lm_head(hidden) + self.lm_head(hidden.flip(1)))
+
+
+def test_a_head_that_runs_twice_is_refused(tmp_path):
+    trainer = MinimaxTrainer(model=TwoHeads(tiny_llama().config), args=make_args(str(tmp_path)))
+    with pytest.raises(ValueError, match="causal_lm_chunk_size: the output embeddings of TwoHeads ran twice"):
+        one_step(trainer, domain_examples(3))
+
+
+def test_an_adapted_head_is_refused_and_the_full_logits_remain_an_option(tmp_path):
+    model = get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj", "lm_head"]))
+    with pytest.raises(ValueError, match="causal_lm_chunk_size: the output embeddings of LlamaForCausalLM are a"):
+        MinimaxTrainer(model=model, args=make_args(str(tmp_path)))
+    assert MinimaxTrainer(model=model, args=make_args(str(tmp_path), causal_lm_chunk_size=0)).lm_loss is None
+
+
+def saved_logit_rows(trainer, examples) -> tuple[int, torch.Size]:
+    """Rows of vocabulary logits (tensors ending in a vocabulary dimension) that the step's forward pass keeps for
+    backward, at most, and the shape of the logits the model returns."""
+    vocab = LLAMA_STYLE_SIZE["vocab_size"]
+    parameters = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    rows = [0]
+
+    def keep(saved: torch.Tensor) -> torch.Tensor:
+        if saved.dim() and saved.shape[-1] == vocab and saved.untyped_storage().data_ptr() not in parameters:
+            rows.append(saved.numel() // vocab)
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        trainer.model.train()
+        samples, _ = trainer.get_batch_samples(iter([examples]), 1, torch.device("cpu"))
+        trainer.current_gradient_accumulation_steps = 1
+        loss, outputs = trainer.compute_loss(trainer.model, dict(samples[0]), return_outputs=True)
+    loss.backward()
+    return max(rows), outputs.logits.shape
+
+
+def test_no_logits_of_every_position_are_kept_for_the_backward_pass(tmp_path):
+    examples = domain_examples(8)
+    targets = int((examples["labels"][:, 1:] != -100).sum())
+    vocab = LLAMA_STYLE_SIZE["vocab_size"]
+    full = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path), causal_lm_chunk_size=0))
+    assert saved_logit_rows(full, examples) == (targets, (8, 16, vocab))  # the targets' logits, for cross-entropy
+    chunked = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path), causal_lm_chunk_size=4))
+    assert saved_logit_rows(chunked, examples) == (0, (8, 1, vocab))  # logits of the first position only, not saved
+
+
+def test_predictions_collected_in_evaluation_get_the_full_logits(tmp_path):
+    examples = as_dataset(domain_examples(5))
+    chunked = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path / "c"), causal_lm_chunk_size=4))
+    assert chunked.predict(examples).predictions.shape == (5, 16, LLAMA_STYLE_SIZE["vocab_size"])
+    full = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path / "f"), causal_lm_chunk_size=0))
+    assert chunked.evaluate(examples)["eval_loss"] == pytest.approx(full.evaluate(examples)["eval_loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_in_chunks_give_the_plain_trainer_gradient(tmp_path):
+    out = tmp_path / "ddp"
+    command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
+    options = ["--batch_size", "2", "--grad_accum", "2", "--chunk_size", "5"]
+    subprocess.run([*command, *options], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
+    plain = plain_trainer_grads(tmp_path / "plain", tiny_llama, domain_examples(8))
+    for rank in (0, 1):
+        assert max_relative_difference(plain, load_file(out / f"grads-rank{rank}.safetensors")) <= 1e-5, rank
+
+
+def test_with_torch_compile_the_model_computes_its_full_logits_and_says_so(tmp_path, capfd, caplog):
+    args = make_args(str(tmp_path), torch_compile=True, causal_lm_chunk_size=4)
+    with caplog.at_level("WARNING"):
+        trainer = MinimaxTrainer(model=tiny_llama(), args=args)
+    assert trainer.lm_loss is None
+    logged = caplog.text + capfd.readouterr().err
+    assert "causal_lm_chunk_size is not supported with torch_compile: the model computes its full logits" in logged
