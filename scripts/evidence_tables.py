@@ -94,6 +94,12 @@ def downstream_tables(
         }
     if baseline not in strategies:
         raise ValueError(f"--baseline {baseline!r} has no checkpoint in the suite; objectives: {sorted(strategies)}")
+    majority = majority_scores(suite)
+    if majority:
+        references["majority class"] = {
+            "tasks": majority,
+            **task_summary(majority, higher_is_better=higher_is_better),
+        }
     measures = [*tasks, "average", "worst_score"]
     for slot in strategies.values():
         seeds = list(slot["per_pretraining_seed"])
@@ -179,6 +185,21 @@ def render_upstream(upstream: dict, baseline: str) -> list[str]:
                 + f" | {r['mean']:.4f} | {r['worst']:.4f} |"
             )
     return lines
+
+
+def majority_scores(suite: dict) -> dict[str, float]:
+    """Each task's majority-class score where the suite's cells record one (``majority_<metric>``, the probe family),
+    else empty: the floor every checkpoint has to clear."""
+    scores = {}
+    for task in suite["tasks"]:
+        for entry in suite["checkpoints"].values():
+            found = [
+                value for key, value in entry["tasks"][task].get("metrics", {}).items() if key.startswith("majority_")
+            ]
+            if found:
+                scores[task] = found[0]
+                break
+    return scores if len(scores) == len(suite["tasks"]) else {}
 
 
 def _spread(stat: dict, digits: int = 1) -> str:

@@ -74,17 +74,11 @@ def test_runs_averaged_first_then_paired_by_pretraining_seed() -> None:
     assert worst["mean"] == pytest.approx(20 / 3) and worst["std"] == pytest.approx(math.sqrt(100 / 3))
     assert worst["low"] == pytest.approx(20 / 3 - T_DF2 * math.sqrt(100 / 3) / math.sqrt(3))
     assert (worst["n"], worst["df"], worst["seeds"], worst["unpaired_seeds"]) == (3, 2, ["1", "2", "3"], ["4"])
-    assert (
-        worst["verdict"] == "inconclusive"
-        and delta["b"]["verdict"] == "helps"
-        and delta["a"]["verdict"] == ("no effect of that size")
-    )
-    assert (
-        evidence_tables.downstream_tables(suite, runs, "base", smallest_effect=25)["deltas"]["new"]["worst_score"][
-            "verdict"
-        ]
-        == "no effect of that size"
-    )  # upper end 6.67 + 14.34 = 21.0 < 25
+    # b: 9.3 [6.5, 12.2] and average: 4.7 [3.2, 6.1] lie above 0; a: identical in every pair (no spread), no verdict
+    assert worst["verdict"] == "inconclusive" and delta["b"]["verdict"] == delta["average"]["verdict"] == "helps"
+    assert delta["a"]["verdict"] == "inconclusive"
+    wide = evidence_tables.downstream_tables(suite, runs, "base", smallest_effect=25)["deltas"]["new"]
+    assert wide["worst_score"]["verdict"] == "no effect of that size"  # upper end 6.67 + 14.34 = 21.0 < 25
     assert tables["references"]["model"]["average"] == 40 and tables["references"]["model"]["worst_task"] == "b"
     with pytest.raises(ValueError, match="--baseline 'other' has no checkpoint"):
         evidence_tables.downstream_tables(suite, runs, "other")
@@ -100,6 +94,18 @@ def test_rendered_tables_name_pairs_df_and_verdict() -> None:
     assert "| **new − base** | 3 (2); unpaired seeds left out: 4 | +0.0 [+0.0, +0.0] | +9.3 [+6.5, +12.2] |" in text
     assert "- `new`: **inconclusive** (3 paired pre-training runs)" in text
     assert "| base | 3 | 48.7 ± 7.8 | 38.7 ± 10.0 | 43.7 ± 2.3 | 35.3 ± 4.5 | 38.7 (B) |" in text
+
+
+def test_majority_class_reference_row_from_probe_cells() -> None:
+    suite, runs = _suite()
+    for entry in suite["checkpoints"].values():
+        entry["tasks"]["a"]["metrics"] = {"accuracy": 1.0, "majority_accuracy": 52.7}
+        entry["tasks"]["b"]["metrics"] = {"f1": 1.0, "majority_f1": 81.2}
+    row = evidence_tables.downstream_tables(suite, runs, "base")["references"]["majority class"]
+    assert row["tasks"] == {"a": 52.7, "b": 81.2} and row["worst_task"] == "a"
+    assert row["average"] == pytest.approx(66.95)
+    suite, runs = _suite()
+    assert "majority class" not in evidence_tables.downstream_tables(suite, runs, "base")["references"]
 
 
 def test_suite_family_is_read_from_the_directory(tmp_path: Path) -> None:

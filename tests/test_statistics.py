@@ -50,6 +50,7 @@ def test_paired_interval_by_pretraining_seed() -> None:
     # a constant shift has zero spread, whatever the spread between seeds.
     shifted, _ = paired_interval(baseline, {seed: value + 1.5 for seed, value in baseline.items()})
     assert shifted.mean == 1.5 and shifted.std == 0 and shifted.low == shifted.high == 1.5
+    assert verdict(shifted, 4.6) == INCONCLUSIVE  # no spread between runs: a floor, not evidence
 
 
 def test_unpaired_seeds_are_left_out_and_named() -> None:

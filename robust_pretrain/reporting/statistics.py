@@ -80,10 +80,12 @@ def paired_interval(
 def verdict(interval: Interval, smallest_effect: float) -> str:
     """The pre-registered reading of a difference's interval (higher is better): :data:`HELPS` if it lies above 0,
     :data:`HURTS` if below 0, :data:`NO_EFFECT_OF_THAT_SIZE` if its upper end is below ``smallest_effect`` (> 0),
-    else :data:`INCONCLUSIVE` (also for a single pair, which has no interval)."""
+    else :data:`INCONCLUSIVE`. Also inconclusive: a single pair (no interval) and differences without any spread
+    (identical in every pair, as when every run sits at a majority-class floor): a zero-width interval says nothing
+    about the variability between pre-training runs."""
     if smallest_effect <= 0:
         raise ValueError(f"smallest_effect must be > 0, got {smallest_effect}")
-    if interval.low is None or interval.high is None:
+    if interval.low is None or interval.high is None or interval.std == 0:
         return INCONCLUSIVE
     if interval.low > 0:
         return HELPS
