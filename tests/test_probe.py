@@ -50,26 +50,30 @@ def test_standardisation_uses_training_statistics() -> None:
 
 
 def test_cross_validation_breaks_ties_towards_the_strongest_regularisation() -> None:
-    # Two well separated clusters: every lambda classifies every held-out example correctly (MCC 1 everywhere).
-    rng = np.random.default_rng(1)
-    labels = np.array([0, 1] * 20)
-    features = (2 * labels[:, None] - 1) * 5.0 + rng.normal(scale=0.1, size=(40, 2))
-    result = fit_probe(get_task("cola"), features, labels, features[:6], [0.1, 10.0, 1000.0], folds=4)
-    assert result.cv_scores == {0.1: 1.0, 10.0: 1.0, 1000.0: 1.0}
+    # Constant features (standardised to 0): only the intercept is fitted, so every lambda has the same held-out loss.
+    labels = np.array([0, 1, 1] * 9)  # 3 stratified folds of 3 zeros and 6 ones
+    result = fit_probe(get_task("cola"), np.ones((27, 2)), labels, np.ones((4, 2)), [0.1, 10.0, 1000.0], folds=3)
+    assert len(set(result.cv_losses.values())) == 1
     assert result.lambda_ == 1000.0
-    np.testing.assert_array_equal(result.predictions, labels[:6])
+    # every training fold has 2/3 ones, so the mean held-out loss is the entropy of (1/3, 2/3)
+    assert result.cv_losses[0.1] == pytest.approx(-(math.log(2 / 3) * 2 / 3 + math.log(1 / 3) / 3), rel=1e-5)
+    np.testing.assert_array_equal(result.predictions, [1, 1, 1, 1])
 
 
-def test_cross_validation_chooses_by_out_of_fold_score() -> None:
-    # Labels are pure noise w.r.t. 30 of 31 features; the strongest lambda must not be chosen if a weaker one scores
-    # better, and the chosen lambda is the argmax of the recorded scores.
+def test_cross_validation_chooses_by_held_out_loss() -> None:
+    # The label depends on feature 0 only; 30 noise features. A tiny lambda overfits, a huge one predicts the base
+    # rate: both lose to a middle one, and the choice is the argmin of the recorded losses.
     rng = np.random.default_rng(2)
     features = rng.normal(size=(200, 31))
     labels = (features[:, 0] + 0.5 * rng.normal(size=200) > 0).astype(int)
-    result = fit_probe(get_task("sst2"), features, labels, features[:10], [1e-2, 1.0, 1e6], folds=5)
-    assert result.cv_scores[1e6] < max(result.cv_scores.values())
-    assert result.cv_scores[result.lambda_] == max(result.cv_scores.values())
-    assert result.lambda_ != 1e6
+    result = fit_probe(get_task("mrpc"), features, labels, features[:10], [1e-4, 10.0, 1e6], folds=5)
+    assert result.lambda_ == 10.0
+    assert result.cv_losses[10.0] == min(result.cv_losses.values())
+    assert result.cv_losses[1e6] == pytest.approx(math.log(2), abs=0.01)  # ~ the base rate: labels are balanced
+    # regression: squared error of the out-of-fold predictions
+    targets = 2 * features[:, 0] + rng.normal(scale=0.1, size=200)
+    regression = fit_probe(get_task("stsb"), features, targets, features[:10], [1e-4, 1e6], folds=5)
+    assert regression.lambda_ == 1e-4 and regression.cv_losses[1e6] == pytest.approx(np.var(targets), rel=0.05)
 
 
 @pytest.mark.parametrize(
@@ -124,6 +128,8 @@ def test_probe_suite_runs_cells_writes_predictions_and_reuses_them(
         assert cell["score"] == pytest.approx(100 * recomputed[primary], abs=1e-9)
         details = json.loads((cell_file.parent / "probe.json").read_text())
         assert details["lambda"] in (1.0, 100.0) and details["train_examples"] == 60
+        losses = {float(key): loss for key, loss in details["cv_losses"].items()}
+        assert details["lambda"] == min(losses, key=lambda key: (losses[key], -key))
         assert f"majority_{primary}" in cell["metrics"]
         assert cell["limits"] == {"max_train_samples": 60, "max_eval_samples": 30}
     table = (tmp_path / "suite" / "probe_suite.md").read_text()

@@ -3,7 +3,7 @@
 
 A probe involves no random choice, so the suite's ``--seeds`` only repeat a cell: run it with one seed. Each cell
 writes ``probe_predictions_<task>.txt`` (dev predictions, as the fine-tuning suite's files) and ``probe.json`` (the
-chosen lambda and every lambda's cross-validated score); its metrics add ``majority_<metric>``, the score of always
+chosen lambda and every lambda's cross-validated loss); its metrics add ``majority_<metric>``, the score of always
 predicting the training set's majority label (0 for STS-B).
 """
 
@@ -24,6 +24,7 @@ from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, Suit
 from robust_pretrain.glue.data import HUB_DATASET, check_glue_files, load_glue
 from robust_pretrain.glue.finetune import write_predictions
 from robust_pretrain.glue.probe import (
+    SELECTION,
     ProbeArguments,
     fit_probe,
     load_encoder,
@@ -49,7 +50,10 @@ def probe_run_settings(options: Sequence[Any]) -> RunSettings:
     (probe_args,) = options
     values = dataclasses.asdict(probe_args)
     return RunSettings(
-        settings={name: value for name, value in values.items() if name not in _BOOKKEEPING},
+        settings={
+            **{name: value for name, value in values.items() if name not in _BOOKKEEPING},
+            "lambda_selection": SELECTION,
+        },
         limits={name: values[name] for name in _LIMITS if values[name] is not None},
         fine_tuning="frozen encoder, linear probe",
     )
@@ -105,7 +109,7 @@ def run_probe_task(
     majority = majority_score(spec, train_labels, dev_labels)
     details = {
         "lambda": result.lambda_,
-        "cv_scores": {str(key): value for key, value in result.cv_scores.items()},
+        "cv_losses": {str(key): value for key, value in result.cv_losses.items()},
         "dev_metrics": raw,
         f"majority_{spec.primary_metric}": majority,
         "train_examples": len(train),

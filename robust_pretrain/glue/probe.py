@@ -4,10 +4,11 @@ Features: the frozen encoder's last hidden states, mean-pooled over the attentio
 sentences encoded separately, ``[u, v, |u - v|, u * v]`` as in SentEval). A probe: the features standardised with
 training statistics, then L2-regularised logistic regression (a regression task such as STS-B: ridge regression),
 both minimising ``sum of per-example losses + lambda / 2 * ||w||^2`` (log loss; half the squared error), the intercept
-unpenalised. ``lambda`` is chosen from a fixed grid by k-fold cross-validation on the training set only (the
-out-of-fold predictions scored with the task's own metric; ties go to the stronger regularisation), the probe is then
-refitted on the whole training set and scored once on the dev set. Nothing is random except the fold assignment,
-which is fixed (``random_state=0``), so a probe is deterministic.
+unpenalised. ``lambda`` is chosen from a fixed grid by k-fold cross-validation on the training set only, by the
+probe's own held-out loss (out-of-fold log loss; squared error for regression; ties go to the stronger
+regularisation): a proper scoring rule that, unlike F1 or accuracy, does not reward collapsing towards the majority
+class. The probe is then refitted on the whole training set and scored once on the dev set with the task's metric.
+Nothing is random except the fold assignment, which is fixed (``random_state=0``), so a probe is deterministic.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import TaskSpec
 from robust_pretrain.options import check_options, option
 
-DEFAULT_LAMBDAS = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
+DEFAULT_LAMBDAS = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
+#: How ``lambda`` is chosen (part of every probe cell's settings).
+SELECTION = "min out-of-fold log loss (regression: squared error), ties to the larger lambda"
 
 
 @dataclass
@@ -56,11 +59,11 @@ class ProbeArguments:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Dev predictions of the refitted probe, the chosen ``lambda_`` and each lambda's cross-validated score."""
+    """Dev predictions of the refitted probe, the chosen ``lambda_`` and each lambda's cross-validated loss."""
 
     predictions: np.ndarray
     lambda_: float
-    cv_scores: dict[float, float]
+    cv_losses: dict[float, float]
 
 
 def mean_pooled(
@@ -136,21 +139,28 @@ def fit_probe(
     lambdas: Sequence[float],
     folds: int,
 ) -> ProbeResult:
-    """Choose lambda by ``folds``-fold cross-validation on the training set (out-of-fold predictions scored with the
-    task's primary metric, the strongest lambda among the best), refit on all of it, predict the dev features."""
+    """Choose lambda by ``folds``-fold cross-validation on the training set (:data:`SELECTION`), refit on all of it,
+    predict the dev features."""
     splits = _folds(spec, train_labels, folds)
-    cv_scores = {}
+    cv_losses = {}
     for lambda_ in sorted(lambdas):
-        out_of_fold = np.empty(len(train_labels), dtype=np.float64)
+        losses = np.empty(len(train_labels), dtype=np.float64)
         for fit_rows, held_out in splits:
             probe = make_probe(spec, lambda_).fit(train_features[fit_rows], train_labels[fit_rows])
-            out_of_fold[held_out] = probe.predict(train_features[held_out])
-        score = score_predictions(spec, out_of_fold, train_labels)[spec.primary_metric]
-        cv_scores[float(lambda_)] = 0.0 if np.isnan(score) else float(score)
-    best = max(cv_scores.values())
-    chosen = max(lambda_ for lambda_, score in cv_scores.items() if score == best)
+            losses[held_out] = _example_losses(spec, probe, train_features[held_out], train_labels[held_out])
+        cv_losses[float(lambda_)] = float(losses.mean())
+    best = min(cv_losses.values())
+    chosen = max(lambda_ for lambda_, loss in cv_losses.items() if loss == best)
     probe = make_probe(spec, chosen).fit(train_features, train_labels)
-    return ProbeResult(predictions=probe.predict(eval_features), lambda_=chosen, cv_scores=cv_scores)
+    return ProbeResult(predictions=probe.predict(eval_features), lambda_=chosen, cv_losses=cv_losses)
+
+
+def _example_losses(spec: TaskSpec, probe: Pipeline, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-example held-out loss: squared error, or the negative log probability of the true label."""
+    if spec.is_regression:
+        return (probe.predict(features) - labels) ** 2
+    columns = np.searchsorted(probe.classes_, labels)  # stratified folds: every class is in every training fold
+    return -np.log(np.clip(probe.predict_proba(features)[np.arange(len(labels)), columns], 1e-300, None))
 
 
 def majority_score(spec: TaskSpec, train_labels: np.ndarray, eval_labels: np.ndarray) -> float:
