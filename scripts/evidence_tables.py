@@ -274,7 +274,7 @@ def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) 
             ]
             lines += [
                 f"- `{strategy}`: **{change['worst_score']['verdict']}** "
-                f"({change['worst_score']['n']} paired pre-training runs)"
+                f"(paired pre-training runs: {change['worst_score']['n']})"
                 for strategy, change in downstream["deltas"].items()
             ]
     lines += [

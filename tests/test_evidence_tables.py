@@ -92,7 +92,7 @@ def test_rendered_tables_name_pairs_df_and_verdict() -> None:
     suite["columns"] = {t: {"header": f"{t.upper()} (x)", "display_name": t.upper()} for t in ("a", "b")}
     text = "\n".join(evidence_tables.render_downstream("Probe", tables, {**suite, "family": "probe"}, "raw"))
     assert "| **new − base** | 3 (2); unpaired seeds left out: 4 | +0.0 [+0.0, +0.0] | +9.3 [+6.5, +12.2] |" in text
-    assert "- `new`: **inconclusive** (3 paired pre-training runs)" in text
+    assert "- `new`: **inconclusive** (paired pre-training runs: 3)" in text
     assert "| base | 3 | 48.7 ± 7.8 | 38.7 ± 10.0 | 43.7 ± 2.3 | 35.3 ± 4.5 | 38.7 (B) |" in text
 
 
