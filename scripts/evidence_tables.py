@@ -1,23 +1,24 @@
-"""Tables of an evidence run (``scripts/glue_evidence.sh``, ``scripts/vision_evidence.sh``): upstream and downstream.
+"""Tables of an evidence run (``scripts/*_evidence.sh``): upstream and downstream, analysed as a nested design.
 
-    python scripts/evidence_tables.py --title TITLE --family glue|dense --baseline STRATEGY --compare DIR \\
-        --suite TITLE DIR [--suite TITLE DIR ...] --timings FILE --commands FILE --protocol FILE --out PREFIX \\
-        [--notes FILE] [--cards DIR]
+    python scripts/evidence_tables.py --title TITLE --family glue|probe|dense --baseline STRATEGY --compare DIR \\
+        [--compare DIR ...] --suite TITLE DIR [--suite TITLE DIR ...] --timings FILE --commands FILE \\
+        --protocol FILE --out PREFIX [--smallest_effect X] [--notes FILE] [--cards DIR]
 
-Reads the comparison of pre-training objectives (``comparison.json`` and each run's ``task_report.json``; runs are
-``<compare>/<strategy>/seed-<seed>``) and each suite (``<family>_suite.json``) and writes ``PREFIX.md`` /
-``PREFIX.json``: the upstream table (per-task held-out loss, mean, worst; deltas against the baseline objective), the
-suites' own tables, and per objective the downstream scores pooled over pre-training seeds x fine-tuning seeds, with
-the delta of every objective against the baseline (in score points and in standard errors) and, as a noise
-yardstick, the spread between the pre-training seeds of one objective. Checkpoints of a suite that are not runs of
-the comparison (e.g. the untouched starting model) are shown as reference rows (``--label`` names them), outside
-the deltas.
+Reads the comparisons of pre-training objectives (each ``--compare`` directory's ``comparison.json`` and each run's
+``task_report.json``; runs are ``<compare>/<run>/seed-<seed>``, run names unique over all directories) and each suite
+(``<family>_suite.json``) and writes ``PREFIX.md`` / ``PREFIX.json``: the upstream table (per-task held-out loss,
+mean, worst; deltas against the baseline objective), then per suite the analysis that matches the design
+(:mod:`robust_pretrain.reporting.statistics`): each pre-training run's scores averaged over its fine-tuning seeds
+first; per objective, mean ± std over pre-training runs; every other objective against the baseline paired by
+pre-training seed, with a t-interval on ``pairs - 1`` degrees of freedom and the number of runs it rests on; with
+``--smallest_effect``, the pre-registered verdict on the worst-task difference. Checkpoints of a suite that are not
+runs of a comparison (e.g. the untouched starting model) are shown as reference rows (``--label`` names them),
+outside the differences.
 
 ``--cards DIR --card_prefix NAME`` also writes each comparison run's model card, with the suite's results merged in by
 ``--update_model_cards``, to ``DIR/<NAME>-<strategy>-seed<seed>/README.md``: titled by that name, ``--base_model``
 (the Hub id of the local checkpoint the runs continued from) in place of its folder name, and the commands that made
-it (``--model_path``, the local folder, spelled as ``--model_path_command``).
-"""
+it (``--model_path``, the local folder, spelled as ``--model_path_command``)."""
 
 from __future__ import annotations
 
@@ -25,18 +26,13 @@ import argparse
 import dataclasses
 import json
 import shlex
-import statistics
 from pathlib import Path
 
 from huggingface_hub import ModelCard
 
-from robust_pretrain.reporting.aggregation import deltas, mean_std, relative_change, standard_errors, task_summary
+from robust_pretrain.reporting.aggregation import relative_change, task_summary
 from robust_pretrain.reporting.cards import CARD_CONTENT_NAME, ModelCardContent, build_model_card
-
-
-def _counted(values: list[float]) -> dict[str, float]:
-    """:func:`mean_std` with the number of values."""
-    return {**mean_std(values), "n": len(values)}
+from robust_pretrain.reporting.statistics import mean_interval, paired_interval, run_means, verdict
 
 
 def comparison_runs(compare_dir: Path, comparison: dict) -> dict[str, tuple[str, str]]:
@@ -63,13 +59,21 @@ def upstream_table(compare_dir: Path, comparison: dict) -> dict:
 
 
 def downstream_tables(
-    suite: dict, runs: dict[str, tuple[str, str]], baseline: str, labels: dict[str, str] | None = None
+    suite: dict,
+    runs: dict[str, tuple[str, str]],
+    baseline: str,
+    labels: dict[str, str] | None = None,
+    smallest_effect: float | None = None,
 ) -> dict:
-    """Per objective: each task's scores pooled over (pre-training seed, fine-tuning seed), the average and worst task
-    of the pooled means, and per pre-training seed the task means (for the between-seed spread). Each objective's
-    delta against ``baseline`` comes with its size in standard errors (``delta / sqrt(s_b^2/n_b + s_o^2/n_o)`` over
-    the pooled runs; for the average, over each run's mean of the tasks)."""
-    tasks, pooled, references, labels = suite["tasks"], {}, {}, labels or {}
+    """The nested design's analysis. Per pre-training run (checkpoint): each task's score averaged over its
+    fine-tuning seeds, their average and the run's worst task. Per objective: each of these over its pre-training runs
+    (mean, std, t-interval with n - 1 df). Per non-baseline objective: the differences against ``baseline`` paired by
+    pre-training seed (mean and t-interval with pairs - 1 df, the seeds used and those left unpaired) and, with
+    ``smallest_effect``, the pre-registered verdict on each difference (:func:`statistics.verdict`)."""
+    tasks, strategies, references, labels = suite["tasks"], {}, {}, labels or {}
+    higher_is_better = suite.get("higher_is_better", True)
+    if smallest_effect is not None and not higher_is_better:
+        raise ValueError("verdicts are defined for scores where higher is better")
     for checkpoint, entry in suite["checkpoints"].items():
         if checkpoint not in runs:
             references[labels.get(checkpoint, entry["label"])] = {
@@ -80,44 +84,57 @@ def downstream_tables(
             }
             continue
         strategy, seed = runs[checkpoint]
-        slot = pooled.setdefault(
-            strategy, {"scores": {t: [] for t in tasks}, "run_averages": [], "per_pretraining_seed": {}}
+        fine_tuning_seeds = {len(entry["tasks"][task]["scores"]) for task in tasks}
+        strategies.setdefault(strategy, {"per_pretraining_seed": {}})["per_pretraining_seed"][seed] = {
+            **run_means({task: entry["tasks"][task]["scores"] for task in tasks}),
+            **task_summary(
+                run_means({task: entry["tasks"][task]["scores"] for task in tasks}), higher_is_better=higher_is_better
+            ),
+            "fine_tuning_seeds": min(fine_tuning_seeds),
+        }
+    if baseline not in strategies:
+        raise ValueError(f"--baseline {baseline!r} has no checkpoint in the suite; objectives: {sorted(strategies)}")
+    majority = majority_scores(suite)
+    if majority:
+        references["majority class"] = {
+            "tasks": majority,
+            **task_summary(majority, higher_is_better=higher_is_better),
+        }
+    measures = [*tasks, "average", "worst_score"]
+    for slot in strategies.values():
+        seeds = list(slot["per_pretraining_seed"])
+        rows = slot["per_pretraining_seed"].values()
+        slot["over_pretraining_runs"] = {
+            measure: mean_interval([row[measure] for row in rows], seeds=seeds).as_dict() for measure in measures
+        }
+        slot.update(
+            task_summary(
+                {task: slot["over_pretraining_runs"][task]["mean"] for task in tasks}, higher_is_better=higher_is_better
+            )
         )
-        for task in tasks:
-            slot["scores"][task] += entry["tasks"][task]["scores"]
-        seeds = [entry["tasks"][task]["seeds"] for task in tasks]
-        if any(order != seeds[0] for order in seeds):
-            raise ValueError(f"{checkpoint}: tasks were run with different fine-tuning seeds {seeds}")
-        scores_per_run = zip(*(entry["tasks"][task]["scores"] for task in tasks), strict=True)
-        slot["run_averages"] += [statistics.fmean(scores) for scores in scores_per_run]
-        slot["per_pretraining_seed"][seed] = {
-            **{task: entry["tasks"][task]["mean"] for task in tasks},
-            "average": entry["average"],
-            "worst_task": entry["worst_task"],
-            "worst_score": entry["worst_score"],
-        }
-    if baseline not in pooled:
-        raise ValueError(f"--baseline {baseline!r} has no checkpoint in the suite; objectives: {sorted(pooled)}")
-    for slot in pooled.values():
-        slot["tasks"] = {task: _counted(scores) for task, scores in slot["scores"].items()}
-        slot.update(task_summary({task: stat["mean"] for task, stat in slot["tasks"].items()}, higher_is_better=True))
-        seeds = slot["per_pretraining_seed"].values()
-        slot["average_over_pretraining_seeds"] = _counted([s["average"] for s in seeds])
-        slot["worst_over_pretraining_seeds"] = _counted([s["worst_score"] for s in seeds])
-    base = pooled[baseline]
-    changes = {
-        strategy: {
-            **deltas(other, base, tasks),
-            "same_worst_task": other["worst_task"] == base["worst_task"],
-            "in_standard_errors": {
-                **{t: standard_errors(base["scores"][t], other["scores"][t]) for t in tasks},
-                "average": standard_errors(base["run_averages"], other["run_averages"]),
-            },
-        }
-        for strategy, other in pooled.items()
-        if strategy != baseline
+    base = strategies[baseline]["per_pretraining_seed"]
+    changes = {}
+    for strategy, slot in strategies.items():
+        if strategy == baseline:
+            continue
+        own, change = slot["per_pretraining_seed"], {}
+        for measure in measures:
+            interval, unpaired = paired_interval(
+                {seed: row[measure] for seed, row in base.items()}, {seed: row[measure] for seed, row in own.items()}
+            )
+            change[measure] = {**interval.as_dict(), "unpaired_seeds": unpaired}
+            if smallest_effect is not None:
+                change[measure]["verdict"] = verdict(interval, smallest_effect)
+        changes[strategy] = change
+    return {
+        "tasks": tasks,
+        "baseline": baseline,
+        "higher_is_better": higher_is_better,
+        "smallest_effect": smallest_effect,
+        "strategies": strategies,
+        "deltas": changes,
+        "references": references,
     }
-    return {"tasks": tasks, "baseline": baseline, "strategies": pooled, "deltas": changes, "references": references}
 
 
 def _pm(stat: dict, digits: int) -> str:
@@ -170,65 +187,107 @@ def render_upstream(upstream: dict, baseline: str) -> list[str]:
     return lines
 
 
+def majority_scores(suite: dict) -> dict[str, float]:
+    """Each task's majority-class score where the suite's cells record one (``majority_<metric>``, the probe family),
+    else empty: the floor every checkpoint has to clear."""
+    scores = {}
+    for task in suite["tasks"]:
+        for entry in suite["checkpoints"].values():
+            found = [
+                value for key, value in entry["tasks"][task].get("metrics", {}).items() if key.startswith("majority_")
+            ]
+            if found:
+                scores[task] = found[0]
+                break
+    return scores if len(scores) == len(suite["tasks"]) else {}
+
+
+def _spread(stat: dict, digits: int = 1) -> str:
+    """``mean ± std`` over pre-training runs (the mean alone for one run)."""
+    return f"{stat['mean']:.{digits}f}" + ("" if stat["std"] is None else f" ± {stat['std']:.{digits}f}")
+
+
+def _difference(stat: dict) -> str:
+    """``+mean [low, high]`` (the mean alone for one pair)."""
+    if stat["low"] is None:
+        return f"{stat['mean']:+.1f}"
+    return f"{stat['mean']:+.1f} [{stat['low']:+.1f}, {stat['high']:+.1f}]"
+
+
 def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) -> list[str]:
     tasks, columns, baseline = downstream["tasks"], suite["columns"], downstream["baseline"]
     headers = [columns[t]["header"] for t in tasks]
-    slots = downstream["strategies"].values()
-    runs = {len(scores) for slot in slots for scores in slot["scores"].values()}
-    pretraining_seeds = {len(slot["per_pretraining_seed"]) for slot in slots}
+    direction = "higher" if downstream["higher_is_better"] else "lower"
     lines = [
-        f"## {title} (x100, higher is better)",
+        f"## {title} (x100, {direction} is better)",
         "",
-        f"Per objective, each task's score pooled over pre-training x fine-tuning seeds (mean ± std of "
-        f"{'/'.join(map(str, sorted(runs)))} runs); average and worst task of the pooled means; the last two "
-        f"columns: average and worst score per pre-training seed (mean ± std over the "
-        f"{'/'.join(map(str, sorted(pretraining_seeds)))} pre-training seeds, each the mean over fine-tuning "
-        "seeds).",
+        "Unit of analysis: the pre-training run. Each run's task scores are first averaged over its fine-tuning seeds; "
+        "per objective, mean ± std over its pre-training runs (n = number of runs); worst = each run's worst task, "
+        "averaged over runs; worst task named = the worst of the objective's task means.",
         "",
-        "| objective | " + " | ".join(headers) + " | average | worst task | average (per pt seed) | "
-        "worst (per pt seed) |",
+        "| objective | n | " + " | ".join(headers) + " | average | worst (per run) | worst task of the means |",
         "|---" * (len(tasks) + 5) + "|",
     ]
     for strategy, slot in downstream["strategies"].items():
+        stats = slot["over_pretraining_runs"]
         lines.append(
-            f"| {strategy} | "
-            + " | ".join(_pm(slot["tasks"][t], 1) for t in tasks)
-            + f" | {slot['average']:.1f} | {slot['worst_score']:.1f} ({columns[slot['worst_task']]['display_name']})"
-            + f" | {_pm(slot['average_over_pretraining_seeds'], 1)} | {_pm(slot['worst_over_pretraining_seeds'], 1)} |"
+            f"| {strategy} | {stats['average']['n']} | "
+            + " | ".join(_spread(stats[t]) for t in tasks)
+            + f" | {_spread(stats['average'])} | {_spread(stats['worst_score'])}"
+            + f" | {slot['worst_score']:.1f} ({columns[slot['worst_task']]['display_name']}) |"
         )
     for label, row in downstream["references"].items():
         lines.append(
-            f"| reference: {label} | "
+            f"| reference: {label} | | "
             + " | ".join(f"{row['tasks'][t]:.1f}" for t in tasks)
-            + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
-            f"({columns[row['worst_task']]['display_name']}) | | |"
+            + f" | {row['average']:.1f} | {row['worst_score']:.1f} | "
+            f"{row['worst_score']:.1f} ({columns[row['worst_task']]['display_name']}) |"
         )
-    for strategy, delta in downstream["deltas"].items():
-        errors = delta["in_standard_errors"]
-        worst_task = downstream["strategies"][strategy]["worst_task"]
-        lines.append(
-            f"| **Δ {strategy} − {baseline}** | "
-            + " | ".join(f"{delta['tasks'][t]:+.1f}" for t in tasks)
-            + f" | {delta['average']:+.1f} | {delta['worst_score']:+.1f} | | |"
-        )
-        lines.append(
-            "| Δ in standard errors | "
-            + " | ".join(f"{errors[t]:+.1f}" for t in tasks)
-            + f" | {errors['average']:+.1f} | "
-            + (f"{errors[worst_task]:+.1f}" if delta["same_worst_task"] else "")
-            + " | | |"
-        )
+    if downstream["deltas"]:
+        confidence = next(iter(next(iter(downstream["deltas"].values())).values()))["confidence"]
+        lines += [
+            "",
+            f"Differences against `{baseline}`, paired by pre-training seed: mean [{confidence:.0%} t-interval, "
+            "df = pairs − 1]; `pairs` is the number of pre-training runs per objective the intervals rest on.",
+            "",
+            "| objective | pairs (df) | "
+            + " | ".join(f"Δ {columns[t]['display_name']}" for t in tasks)
+            + " | Δ average | Δ worst (per run) |",
+            "|---" * (len(tasks) + 4) + "|",
+        ]
+        for strategy, change in downstream["deltas"].items():
+            worst = change["worst_score"]
+            unpaired = (
+                f"; unpaired seeds left out: {', '.join(worst['unpaired_seeds'])}" if worst["unpaired_seeds"] else ""
+            )
+            lines.append(
+                f"| **{strategy} − {baseline}** | {worst['n']} ({worst['df']}){unpaired} | "
+                + " | ".join(_difference(change[t]) for t in tasks)
+                + f" | {_difference(change['average'])} | {_difference(worst)} |"
+            )
+        if downstream["smallest_effect"] is not None:
+            lines += [
+                "",
+                f"Pre-registered verdict on Δ worst (helps: interval above 0; hurts: below 0; no effect of that size: "
+                f"upper end below +{downstream['smallest_effect']:g}; else inconclusive):",
+                "",
+            ]
+            lines += [
+                f"- `{strategy}`: **{change['worst_score']['verdict']}** "
+                f"(paired pre-training runs: {change['worst_score']['n']})"
+                for strategy, change in downstream["deltas"].items()
+            ]
     lines += [
         "",
-        "Per pre-training seed (mean over fine-tuning seeds):",
+        "Per pre-training run (mean over its fine-tuning seeds):",
         "",
-        "| objective | pt seed | " + " | ".join(headers) + " | average | worst task |",
-        "|---" * (len(tasks) + 4) + "|",
+        "| objective | pt seed | ft seeds | " + " | ".join(headers) + " | average | worst task |",
+        "|---" * (len(tasks) + 5) + "|",
     ]
     for strategy, slot in downstream["strategies"].items():
         for seed, row in slot["per_pretraining_seed"].items():
             lines.append(
-                f"| {strategy} | {seed} | "
+                f"| {strategy} | {seed} | {row['fine_tuning_seeds']} | "
                 + " | ".join(f"{row[t]:.1f}" for t in tasks)
                 + f" | {row['average']:.1f} | {row['worst_score']:.1f} "
                 f"({columns[row['worst_task']]['display_name']}) |"
@@ -243,10 +302,25 @@ def render_downstream(title: str, downstream: dict, suite: dict, suite_md: str) 
     return lines
 
 
+def suite_family(suite_dir: Path) -> str:
+    """The family of the one ``<family>_suite.json`` in ``suite_dir``."""
+    found = sorted(path.name.removesuffix("_suite.json") for path in suite_dir.glob("*_suite.json"))
+    if len(found) != 1:
+        raise ValueError(f"{suite_dir}: expected one <family>_suite.json, found {found or 'none'}; pass --family")
+    return found[0]
+
+
 def write_tables(args: argparse.Namespace) -> None:
-    comparison = json.loads((args.compare / "comparison.json").read_text())
-    upstream = upstream_table(args.compare, comparison)
-    runs = comparison_runs(args.compare, comparison)
+    upstream, runs = {"runs": {}, "per_seed": {}}, {}
+    for compare_dir in args.compare:
+        comparison = json.loads((compare_dir / "comparison.json").read_text())
+        repeated = sorted(set(comparison["runs"]) & set(upstream["runs"]))
+        if repeated:
+            raise ValueError(f"{compare_dir}: run names {repeated} are also in an earlier --compare directory")
+        table = upstream_table(compare_dir, comparison)
+        upstream["runs"].update(table["runs"])
+        upstream["per_seed"].update(table["per_seed"])
+        runs.update(comparison_runs(compare_dir, comparison))
     timings = {}
     for line in args.timings.read_text().splitlines():
         name, _, seconds = line.rpartition(" ")
@@ -277,11 +351,12 @@ def write_tables(args: argparse.Namespace) -> None:
     downstream = {}
     for title, directory in args.suite:
         suite_dir = Path(directory)
-        suite = json.loads((suite_dir / f"{args.family}_suite.json").read_text())
-        suite["family"] = args.family
-        tables = downstream_tables(suite, runs, args.baseline, dict(args.label or []))
+        family = args.family or suite_family(suite_dir)
+        suite = json.loads((suite_dir / f"{family}_suite.json").read_text())
+        suite["family"] = family
+        tables = downstream_tables(suite, runs, args.baseline, dict(args.label or []), args.smallest_effect)
         downstream[title] = {"suite_dir": str(suite_dir), **tables, "suite": suite}
-        suite_md = (suite_dir / f"{args.family}_suite.md").read_text()
+        suite_md = (suite_dir / f"{family}_suite.md").read_text()
         lines += render_downstream(title, downstream[title], suite, suite_md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(
@@ -343,10 +418,22 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--title", required=True, help="the heading of the markdown file")
-    parser.add_argument("--family", required=True, choices=("glue", "dense"), help="the suites' task family")
+    parser.add_argument(
+        "--family",
+        choices=("glue", "probe", "dense"),
+        help="every suite's task family (default: each suite directory's one <family>_suite.json)",
+    )
     parser.add_argument("--baseline", required=True, help="objective (comparison run name) the deltas are against")
-    for name in ("compare", "timings", "commands", "protocol", "out"):
+    parser.add_argument(
+        "--compare", type=Path, action="append", required=True, help="a comparison directory (repeatable)"
+    )
+    for name in ("timings", "commands", "protocol", "out"):
         parser.add_argument(f"--{name}", type=Path, required=True)
+    parser.add_argument(
+        "--smallest_effect",
+        type=float,
+        help="pre-registered smallest effect of interest (> 0, score points): adds the verdict on each Δ worst",
+    )
     parser.add_argument(
         "--suite",
         nargs=2,

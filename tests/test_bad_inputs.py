@@ -240,6 +240,9 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("suite", ["--glue_dir", "{tmp}/no-glue"], ["--glue_dir", "no such directory"]),
     ("suite", ["--per_device_train_batch_size", "zero"], ["--per_device_train_batch_size", "invalid int value"]),
     ("suite", ["--output_dir", READ_ONLY], ["--output_dir", "is not writable"]),
+    ("suite", ["--family", "probe", "--probe_folds", "1"], ["--probe_folds must be >= 2, got 1"]),
+    ("suite", ["--family", "probe", "--probe_lambdas", "1", "0"], ["--probe_lambdas must be > 0"]),
+    ("suite", ["--family", "probe", "--learning_rate", "1e-4"], ["--learning_rate"]),
     # pseudo-label
     ("pseudo-label", ["--batch_size", "0"], ["--batch_size must be a positive integer"]),
     ("pseudo-label", ["--depth_scale", "-1"], ["--depth_scale must be > 0"]),

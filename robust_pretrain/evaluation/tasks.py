@@ -25,6 +25,7 @@ from robust_pretrain.cli import UsageError
 FAMILY_MODULES: dict[str, str] = {
     "glue": "robust_pretrain.evaluation.glue_tasks",
     "dense": "robust_pretrain.evaluation.dense_tasks",
+    "probe": "robust_pretrain.evaluation.probe_tasks",
 }
 _REGISTERED: dict[str, TaskFamily] = {}
 

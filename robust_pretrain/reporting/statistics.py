@@ -1,0 +1,96 @@
+"""Statistics that match a nested evidence design: pre-training runs, each fine-tuned with several seeds.
+
+The unit that differs between pre-training objectives is the pre-training run, so fine-tuning seeds are averaged
+within each run first (:func:`run_means`), objectives are compared paired by pre-training seed (same seed = same data
+order and masks; :func:`paired_interval`) and every interval is a Student-t interval with ``n - 1`` degrees of
+freedom, ``n`` the number of pre-training runs (or pairs) it rests on, which it reports.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from scipy.stats import t as student_t
+
+# Verdicts of :func:`verdict`.
+HELPS, HURTS, NO_EFFECT_OF_THAT_SIZE, INCONCLUSIVE = "helps", "hurts", "no effect of that size", "inconclusive"
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """The ``probability`` quantile of Student's t distribution with ``df >= 1`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"a t quantile needs at least 1 degree of freedom, got {df}")
+    return float(student_t.ppf(probability, df))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of ``n`` values with its sample std and two-sided ``confidence`` t-interval (df = n - 1); ``low`` and
+    ``high`` are None for a single value. ``seeds`` names the pre-training seeds the values come from."""
+
+    mean: float
+    std: float | None
+    n: int
+    df: int
+    t: float | None
+    low: float | None
+    high: float | None
+    confidence: float
+    seeds: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seeds": list(self.seeds)}
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95, seeds: Sequence[str] = ()) -> Interval:
+    """The mean of independent ``values`` (one per pre-training run) and its t-interval with ``len(values) - 1`` df."""
+    if not values:
+        raise ValueError("no values to summarise")
+    mean, n = statistics.fmean(values), len(values)
+    if n == 1:
+        return Interval(mean, None, 1, 0, None, None, None, confidence, tuple(seeds))
+    std = statistics.stdev(values)
+    quantile = t_quantile(0.5 + confidence / 2, n - 1)
+    half = quantile * std / math.sqrt(n)
+    return Interval(mean, std, n, n - 1, quantile, mean - half, mean + half, confidence, tuple(seeds))
+
+
+def run_means(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Per pre-training run (key), the mean of its fine-tuning seeds' scores: the run's one value in any comparison."""
+    return {run: statistics.fmean(values) for run, values in scores.items()}
+
+
+def paired_interval(
+    baseline: Mapping[str, float], other: Mapping[str, float], confidence: float = 0.95
+) -> tuple[Interval, list[str]]:
+    """``other - baseline`` paired by pre-training seed (the mappings' keys): the mean difference over the seeds both
+    have, its t-interval with ``pairs - 1`` df, and the seeds that only one of them has (left out, to be reported)."""
+    common = [seed for seed in baseline if seed in other]
+    if not common:
+        raise ValueError(f"no pre-training seed in common: {sorted(baseline)} vs {sorted(other)}")
+    unpaired = sorted({*baseline, *other} - set(common))
+    differences = [other[seed] - baseline[seed] for seed in common]
+    return mean_interval(differences, confidence, common), unpaired
+
+
+def verdict(interval: Interval, smallest_effect: float) -> str:
+    """The pre-registered reading of a difference's interval (higher is better): :data:`HELPS` if it lies above 0,
+    :data:`HURTS` if below 0, :data:`NO_EFFECT_OF_THAT_SIZE` if its upper end is below ``smallest_effect`` (> 0),
+    else :data:`INCONCLUSIVE`. Also inconclusive: a single pair (no interval) and differences without any spread
+    (identical in every pair, as when every run sits at a majority-class floor): a zero-width interval says nothing
+    about the variability between pre-training runs."""
+    if smallest_effect <= 0:
+        raise ValueError(f"smallest_effect must be > 0, got {smallest_effect}")
+    if interval.low is None or interval.high is None or interval.std == 0:
+        return INCONCLUSIVE
+    if interval.low > 0:
+        return HELPS
+    if interval.high < 0:
+        return HURTS
+    if interval.high < smallest_effect:
+        return NO_EFFECT_OF_THAT_SIZE
+    return INCONCLUSIVE
