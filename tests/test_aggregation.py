@@ -112,3 +112,38 @@ def test_comparison_of_strategies_over_seeds() -> None:
     assert table["minimax"]["worst_task_loss"] == {"mean": 3.0, "std": 0.0}
     # against average: mean 3 / 3.5 - 1 = -14.3 %, worst 3 / 5 - 1 = -40.0 %
     assert "| minimax | -14.3% | -40.0% |" in comparison_markdown(table, "average")
+
+
+def test_runs_are_scored_on_the_tasks_every_run_has_held_out_losses_for():
+    """A task with no held-out target in one run (a small max_eval_samples) is left out of every run's scores, and
+    the mean and worst task of the reports that had it are recomputed over the common tasks."""
+    from robust_pretrain.reporting.aggregation import aggregate_runs, restrict_to_common_tasks
+    from robust_pretrain.reporting.scoring import aggregate_scores
+    from robust_pretrain.reporting.tables import comparison_markdown
+
+    def report(losses: dict[str, float]) -> dict:
+        worst = max(losses, key=losses.get)
+        return {
+            "tasks": ["a", "b", "c"],
+            "eval_task_loss": losses,
+            "eval_mean_task_loss": sum(losses.values()) / len(losses),
+            "eval_worst_task_loss": losses[worst],
+            "worst_task": worst,
+        }
+
+    reports = {
+        "proportional": [report({"a": 1.0, "b": 2.0, "c": 9.0})],
+        "minimax": [report({"a": 1.5, "b": 3.0})],
+    }
+    restricted, left_out = restrict_to_common_tasks(reports)
+    assert left_out == ["c"]
+    base = restricted["proportional"][0]
+    assert base["tasks"] == ["a", "b"] and base["eval_mean_task_loss"] == 1.5
+    assert base["worst_task"] == "b" and base["eval_worst_task_loss"] == 2.0
+    table = aggregate_runs(restricted)
+    assert table["minimax"]["mean_task_loss"]["mean"] == 2.25
+    scores = aggregate_scores(restricted, None, "proportional")
+    assert scores["regret"]["minimax"]["worst"]["mean"] == 1.5
+    assert "| c |" not in comparison_markdown(table, "proportional")
+    unchanged, none_left_out = restrict_to_common_tasks({"proportional": reports["proportional"]})
+    assert none_left_out == [] and unchanged["proportional"][0] is reports["proportional"][0]

@@ -34,7 +34,7 @@ from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse, run_c
 from robust_pretrain.config import load_config_file
 from robust_pretrain.options import declared, path_problem, value_problems
 from robust_pretrain.pretraining.common import file_fingerprint, peek_option
-from robust_pretrain.reporting.aggregation import aggregate_runs
+from robust_pretrain.reporting.aggregation import aggregate_runs, restrict_to_common_tasks
 from robust_pretrain.reporting.plots import plot_comparison
 from robust_pretrain.reporting.scoring import aggregate_scores, task_mismatch
 from robust_pretrain.reporting.tables import comparison_markdown, scores_markdown
@@ -244,6 +244,7 @@ def run(argv: list[str]) -> dict:
     reports: dict[str, list[dict]] = {}
     for run, strategy, options in runs:
         reports[run] = [run_one(output_dir / run / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds]
+    reports, unscored = restrict_to_common_tasks(reports)
     table = aggregate_runs(reports)
     scores = aggregate_scores(reports, reference, baseline)
     result = {
@@ -256,9 +257,15 @@ def run(argv: list[str]) -> dict:
         "reference_losses": reference,
         "runs": table,
         "scores": scores,
+        "unscored_tasks": unscored,
     }
     (output_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
     markdown = comparison_markdown(table, baseline) + "\n" + scores_markdown(scores, baseline, reference_run)
+    if unscored:
+        markdown += (
+            f"\nNot scored: {', '.join(unscored)} (no held-out target in some run); means and worst tasks are over the "
+            "other tasks.\n"
+        )
     (output_dir / "comparison.md").write_text(markdown)
     plot_comparison(scores, output_dir, frontier=bool(cli.sweep))
     print(markdown)

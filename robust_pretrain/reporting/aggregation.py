@@ -104,6 +104,34 @@ def summarize_suite(
     }
 
 
+def restrict_to_common_tasks(
+    reports: Mapping[str, list[dict[str, Any]]],
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """The runs' task reports scored on the tasks with a held-out loss in every report, and the tasks left out (a task
+    with no held-out target in some run, e.g. a small ``max_eval_samples``). A report missing none is returned as is;
+    the others get their mean, worst value and worst task recomputed over the common tasks, so every run is scored on
+    the same tasks."""
+    every = [report for seeds in reports.values() for report in seeds]
+    common = [task for task in every[0]["tasks"] if all(task in report["eval_task_loss"] for report in every)]
+    left_out = [task for task in every[0]["tasks"] if task not in common]
+    if not left_out:
+        return dict(reports), []
+
+    def restricted(report: dict[str, Any]) -> dict[str, Any]:
+        losses = {task: report["eval_task_loss"][task] for task in common}
+        worst = worst_task(losses, higher_is_better=False)
+        return {
+            **report,
+            "tasks": common,
+            "eval_task_loss": losses,
+            "eval_mean_task_loss": statistics.fmean(losses.values()),
+            "eval_worst_task_loss": losses[worst],
+            "worst_task": worst,
+        }
+
+    return {run: [restricted(report) for report in seeds] for run, seeds in reports.items()}, left_out
+
+
 def aggregate_runs(reports: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per run of a comparison (its seeds' task reports): per-task held-out loss, mean task loss and worst task loss,
     each as mean and std over seeds, and the tasks that were worst in some seed."""
