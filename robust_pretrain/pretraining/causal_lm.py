@@ -245,8 +245,8 @@ def load_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
         sources = parse_domain_files(data_args.domain_files)
         parts = []
         for index, (name, source) in enumerate(sources.items()):
-            raw = _load_source(source, f"--domain_files {name}=", column).select_columns([column])
-            parts.append(raw.rename_column(column, "text").add_column(DOMAIN_COLUMN, [index] * len(raw)))
+            raw = _load_source(source, f"--domain_files {name}=", column)
+            parts.append(Dataset.from_dict({"text": raw[column], DOMAIN_COLUMN: [index] * len(raw)}))
         train, validation = _split(concatenate_datasets(parts), data_args.validation_split_percentage)
         return DomainTexts(list(sources), train, validation, local_files(*sources.values()))
     if data_args.dataset_name or data_args.train_file:
