@@ -335,10 +335,16 @@ def check_causal_checkpoint(name: str) -> None:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as err:
         raise UsageError(f"--model_name_or_path {name}: {err}") from err
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.is_encoder_decoder:
+    causal_names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    architectures = config.architectures or []
+    # an encoder family with a decoder head (BERT's BertLMHeadModel) is causal only when its checkpoint is one
+    in_mapping = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    encoder = in_mapping and bool(architectures) and not set(architectures) & causal_names and not config.is_decoder
+    if not in_mapping or config.is_encoder_decoder or encoder:
         raise UsageError(
-            f"--model_name_or_path {name} ({config.model_type}) is not a causal LM: AutoModelForCausalLM cannot load "
-            "it; give a decoder checkpoint (GPT-2, Llama, Qwen2, ...) or leave it unset to train one from scratch"
+            f"--model_name_or_path {name} ({config.model_type}, {', '.join(architectures) or 'no architecture'}) is "
+            "not a causal LM; give a decoder checkpoint that AutoModelForCausalLM loads (GPT-2, Llama, Qwen2, ...) or "
+            "leave it unset to train one from scratch"
         )
 
 

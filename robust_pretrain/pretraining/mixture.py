@@ -41,7 +41,7 @@ from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 logger = logging.getLogger(__name__)
 
 STAGE_NAME = "stage.json"
-"""The options a stage ran with, beside its outputs: a re-run reuses the stage only with the same ones."""
+"""The options a finished stage ran with, beside its outputs: a re-run reuses the stage only with the same ones."""
 StageRunner = Callable[[Path, list[str]], dict[str, Any]]
 """Runs one stage into a folder with the stage's options; returns its task report."""
 
@@ -87,9 +87,9 @@ def run_stage(stage_dir: Path, options: list[str], runner: StageRunner) -> dict[
         if report_path.is_file():
             logger.info("reusing the finished stage %s", stage_dir)
             return json.loads(report_path.read_text())
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    report = runner(stage_dir, options)  # an interrupted run resumes, or refuses other options, by itself
     record.write_text(json.dumps({"options": options}, indent=2) + "\n")
-    return runner(stage_dir, options)
+    return report
 
 
 def mixture_workflow(args: MixtureArguments, runner: StageRunner, passed: list[str]) -> dict[str, Any]:
