@@ -273,6 +273,13 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["--domain_sampling online with --weighting uncertainty", "cannot drive task sampling"],
     ),  # fmt: skip
     ("causal-lm", ["--max_seq_length", "1"], ["--max_seq_length must be in [2, 8192]"]),
+    ("causal-lm", ["--streaming", "true"], ["--streaming reads --domain_files (one stream per domain)"]),
+    (
+        "causal-lm",
+        ["--streaming", "true", "--domain_files", "web={tmp}/train.txt"],
+        ["--streaming: a tokenizer cannot be trained on a stream"],
+    ),  # fmt: skip
+    ("causal-lm", ["--stream_held_out_texts", "0"], ["--stream_held_out_texts must be a positive integer"]),
     ("causal-lm", ["--task_names", "a", "b"], ["--task_names ['a', 'b'] differ from the data's domains"]),
     # mixture
     ("mixture", ["--rounds", "0"], ["--rounds must be a positive integer"]),

@@ -102,7 +102,7 @@ def toy_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
         "model_mass": dict(zip(DOMAINS, mass, strict=True)),
         "drawn_shares": dict(zip(DOMAINS, shares.average(), strict=True)),
     }
-    (stage_dir / "task_report.json").write_text(json.dumps(report))
+    (stage_dir / "task_report.json").write_text(json.dumps(report))  # the Trainer created stage_dir
     return report
 
 
@@ -138,6 +138,7 @@ def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_p
 
     def runner(stage_dir: Path, options: list[str]) -> dict[str, Any]:
         calls.append(stage_dir.name)
+        stage_dir.mkdir(parents=True)
         report = {"tasks": DOMAINS, "eval_task_loss": {"rare": 2.0, "common": 1.0}, "provenance": TOY_PROVENANCE,
                   "time_averaged_weights": {"rare": 0.5, "common": 0.5}, "train_steps": 3,
                   "mixture_weights": {"rare": 0.2, "common": 0.8}}  # fmt: skip
@@ -152,7 +153,7 @@ def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_p
     assert read_domain_weights(str(tmp_path / "domain_weights.json"), DOMAINS)[0] == [0.5, 0.5]
     mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
     assert len(calls) == 4  # every stage reused
-    with pytest.raises(UsageError, match="reference ran with other options \\(--max_steps 3 4"):
+    with pytest.raises(UsageError, match="reference ran with other options \\(--max_steps 3 -> 4\\)"):
         mixture.mixture_workflow(args, runner, ["--max_steps", "4"])
 
 

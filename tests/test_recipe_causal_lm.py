@@ -245,3 +245,33 @@ def test_the_recipe_publishes_its_model_and_card(local_hub, tmp_path):
     assert "model.safetensors" in files and "tokenizer.json" in files
     card = files["README.md"].decode()
     assert f'pipeline("text-generation", model="{repo_id}")' in card and "| reviews |" in card
+
+
+@pytest.mark.slow
+def test_a_streamed_run_extended_from_its_checkpoint_matches_an_uninterrupted_one(tmp_path):
+    """--streaming: every domain file a stream (its first texts held out), the domains drawn by the file's weights;
+    3 steps, then extended to 6 from checkpoint-3 (the Trainer replays the stream), equals 6 steps in one go."""
+    tokenizer_dir = tmp_path / "tokenizer"
+    causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer_dir)
+    weights = tmp_path / "weights.json"
+    weights.write_text(json.dumps({"weights": {"answers": 0.5, "email": 0.3, "reviews": 0.2}}))
+    streaming = ["--streaming", "true", "--stream_held_out_texts", "4", "--tokenizer_name", str(tokenizer_dir),
+                 "--domain_weights", str(weights), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+                 "--save_strategy", "steps", "--save_steps", "3"]  # fmt: skip
+    whole = causal_lm.run(recipe_argv(tmp_path, "whole", *streaming))["report"]
+    causal_lm.run(recipe_argv(tmp_path, "extended", *streaming, "--max_steps", "3"))
+    extended = causal_lm.run(recipe_argv(tmp_path, "extended", *streaming))["report"]
+    logs = [  # an iterable dataset's "epoch" is the step over max_steps: it differs
+        [
+            {key: value for key, value in entry.items() if key != "epoch"}
+            for entry in json.loads((tmp_path / d / "trainer_state.json").read_text())["log_history"]
+            if "loss" in entry
+        ]
+        for d in ("whole", "extended")
+    ]
+    assert len(logs[0]) == 6 and logs[1] == logs[0]
+    first, second = (AutoModelForCausalLM.from_pretrained(tmp_path / d) for d in ("whole", "extended"))
+    for (name, a), b in zip(first.named_parameters(), second.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert whole["mixture_kind"] == extended["mixture_kind"] == "file"
+    assert whole["eval_task_loss"] == extended["eval_task_loss"] and set(whole["eval_task_loss"]) == set(DOMAINS)

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from datasets import Dataset, concatenate_datasets
+from datasets import Dataset, IterableDataset, concatenate_datasets, interleave_datasets
 
 from robust_pretrain.data.conllu import read_conllu
 from robust_pretrain.data.corpus import SPLIT_SOURCES, paragraphs, resolve_ud_dir
+from robust_pretrain.data.preprocessing import repeat_stream
 
 if TYPE_CHECKING:
     from robust_pretrain.task_sampling import TaskSamplingSchedule
@@ -119,6 +120,34 @@ def pack_domains(
             )
         )
     return concatenate_datasets(packed)
+
+
+def stream_domains(
+    streams: Sequence[IterableDataset],
+    tokenizer: Any,
+    max_seq_length: int,
+    probabilities: Sequence[float],
+    seed: int,
+    batch_size: int = 1000,
+) -> IterableDataset:
+    """One endless stream of packed sequences from several domain streams (each with a ``text`` column): each is
+    packed within itself as :func:`pack_domains` packs (map batches of ``batch_size`` texts), read over and over
+    (:func:`~robust_pretrain.data.preprocessing.repeat_stream`), and the next sequence's domain is drawn with
+    ``probabilities`` by a generator seeded with ``seed``. The stream is a function of its position only, so a resumed
+    run that replays the batches drawn so far (the Trainer's resume) continues exactly where it was."""
+    packed = [
+        repeat_stream(
+            stream.select_columns(["text"]).map(
+                _PackCausal(tokenizer, max_seq_length, domain), batched=True, batch_size=batch_size,
+                remove_columns=["text"],
+            )
+        )
+        for domain, stream in enumerate(streams)
+    ]  # fmt: skip
+    total = sum(probabilities)
+    return interleave_datasets(
+        packed, probabilities=[p / total for p in probabilities], seed=seed, stopping_strategy="all_exhausted"
+    )
 
 
 def domain_texts(dataset: Dataset, domain: int) -> Dataset:
@@ -229,5 +258,6 @@ __all__ = [
     "domain_texts",
     "ewt_genre_texts",
     "pack_domains",
+    "stream_domains",
     "texts_fingerprint",
 ]

@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset, concatenate_datasets, load_dataset
+from datasets import Dataset, IterableDataset, concatenate_datasets, load_dataset
 from datasets.exceptions import DatasetGenerationError
 from transformers import (
     AutoConfig,
@@ -37,6 +38,8 @@ from transformers import (
     set_seed,
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
@@ -49,6 +52,7 @@ from robust_pretrain.data.domains import (
     domain_texts,
     ewt_genre_texts,
     pack_domains,
+    stream_domains,
     texts_fingerprint,
 )
 from robust_pretrain.options import check_options, option
@@ -156,6 +160,18 @@ class DomainDataArguments:
         False, "Train with --domain_weights whose provenance differs from this run (each difference is logged)."
     )
     max_eval_sequences: int | None = option(None, "Held-out sequences kept per domain (the first ones).", minimum=1)
+    streaming: bool = option(
+        False,
+        "Stream the --domain_files sources (nothing read into memory but the held-out texts): each domain is packed on "
+        "the fly and read over and over, and the next sequence's domain is drawn from --domain_weights (uniform "
+        "without); a resumed run replays the stream exactly. Needs --max_steps and --tokenizer_name or "
+        "--model_name_or_path.",
+    )
+    stream_held_out_texts: int = option(
+        100,
+        "With --streaming: the first texts of each domain's stream are its held-out data, skipped in training.",
+        minimum=1,
+    )
     preprocessing_num_workers: int | None = option(None, "Processes for tokenising.", minimum=1)
     overwrite_output_dir: bool = option(False, "Start afresh even if output_dir holds checkpoints (they are deleted).")
 
@@ -175,12 +191,14 @@ class DomainDataArguments:
 @dataclass
 class DomainTexts:
     """The raw texts of a run: ``train`` and ``validation`` with columns ``text`` and ``domain`` (an index into
-    ``names``), and where they came from (for the card)."""
+    ``names``), and where they came from (for the card). Streamed (``streams``: each domain's training texts), ``train``
+    holds the first :data:`STREAM_SAMPLE_TEXTS` training texts of each stream, for the checks and the data hashes."""
 
     names: list[str]
     train: Dataset
     validation: Dataset
     training_data: TrainingData
+    streams: list[IterableDataset] | None = None
 
 
 def parse_domain_files(entries: list[str]) -> dict[str, str]:
@@ -196,11 +214,11 @@ def parse_domain_files(entries: list[str]) -> dict[str, str]:
     return sources
 
 
-def _load_source(source: str, option_name: str, text_column: str) -> Dataset:
-    """The train split of a file / glob / dataset folder / Hub dataset, with a text column."""
+def _load_source(source: str, option_name: str, text_column: str, streaming: bool = False) -> Dataset | IterableDataset:
+    """The train split of a file / glob / dataset folder / Hub dataset (streamed or not), with a text column."""
     if Path(source).is_dir() or not (Path(source).suffix or any(ch in source for ch in "*?[")):
         try:
-            raw = load_dataset(source, split="train")
+            raw = load_dataset(source, split="train", streaming=streaming)
         except (OSError, ValueError, DatasetGenerationError) as err:
             raise UsageError(f"{option_name} {source}: could not load it as a dataset ({err})") from err
     else:
@@ -211,11 +229,11 @@ def _load_source(source: str, option_name: str, text_column: str) -> Dataset:
         for path in paths:
             _check_text_file(Path(path), option_name, builder)
         try:
-            raw = load_dataset(builder, data_files={"train": paths}, split="train")
+            raw = load_dataset(builder, data_files={"train": paths}, split="train", streaming=streaming)
         except DatasetGenerationError as err:
             cause = err.__cause__ or err
             raise UsageError(f"{option_name} {source}: could not read it as {builder} data ({cause})") from err
-    if text_column not in raw.column_names:
+    if raw.column_names is not None and text_column not in raw.column_names:
         raise UsageError(
             f"{option_name} {source} has no text column {text_column!r} (columns: {raw.column_names}); set "
             "--text_column_name"
@@ -241,6 +259,8 @@ def _split(dataset: Dataset, percentage: int) -> tuple[Dataset, Dataset]:
 def load_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
     """The texts of every domain, from whichever source the options name (UD-EWT genres by default)."""
     column = data_args.text_column_name
+    if data_args.streaming:
+        return stream_domain_texts(data_args)
     if data_args.domain_files:
         sources = parse_domain_files(data_args.domain_files)
         parts = []
@@ -269,6 +289,52 @@ def load_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
     except (OSError, ValueError) as err:
         raise UsageError(f"--ud_dir: {err}") from err
     return DomainTexts(list(EWT_GENRES), train, validation, EWT_TRAINING_DATA)
+
+
+STREAM_SAMPLE_TEXTS = 200
+"""Training texts read from each domain's stream before training: checked for data and hashed (the provenance)."""
+
+
+def stream_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
+    """Each ``--domain_files`` source as a stream: its first ``stream_held_out_texts`` texts held out (read now), the
+    rest its training stream."""
+    sources = parse_domain_files(data_args.domain_files)
+    held_out, sample, streams = [], [], []
+    for index, (name, source) in enumerate(sources.items()):
+        stream = _load_source(source, f"--domain_files {name}=", data_args.text_column_name, streaming=True)
+        stream = stream.select_columns([data_args.text_column_name])
+        if data_args.text_column_name != "text":
+            stream = stream.rename_column(data_args.text_column_name, "text")
+        first = [row["text"] for row in stream.take(data_args.stream_held_out_texts)]
+        training = stream.skip(data_args.stream_held_out_texts)
+        held_out.append(Dataset.from_dict({"text": first, DOMAIN_COLUMN: [index] * len(first)}))
+        texts = [row["text"] for row in training.take(STREAM_SAMPLE_TEXTS)]
+        sample.append(Dataset.from_dict({"text": texts, DOMAIN_COLUMN: [index] * len(texts)}))
+        streams.append(training)
+    return DomainTexts(
+        list(sources),
+        concatenate_datasets(sample),
+        concatenate_datasets(held_out),
+        local_files(*sources.values()),
+        streams=streams,
+    )
+
+
+def check_streaming(model_args: CausalModelArguments, data_args: DomainDataArguments, max_steps: int) -> None:
+    """Refuse, naming the option, what a stream of domains cannot do."""
+    if not data_args.domain_files:
+        raise UsageError("--streaming reads --domain_files (one stream per domain); give them")
+    if max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps: a stream has no length")
+    if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
+        raise UsageError(
+            "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name or --model_name_or_path"
+        )
+    if data_args.domain_sampling == "online":
+        raise UsageError(
+            "--streaming draws domains from fixed weights (--domain_weights); --domain_sampling online needs map-style "
+            "data"
+        )
 
 
 def require_every_domain(texts: DomainTexts) -> list[int]:
@@ -413,21 +479,37 @@ def provenance_differences(saved: dict[str, Any], current: dict[str, Any]) -> li
     return differences
 
 
-class WeightAverageCallback(TrainerCallback):
+class WeightAverageCallback(TrainerCallback, ExportableState):
     """Sums each optimizer step's domain weights (the sampling weights when domains are drawn online, else the
-    objective's), for the time-averaged weights DoReMi exports."""
+    objective's), for the time-averaged weights DoReMi exports. The sum is part of every checkpoint's
+    ``trainer_state.json`` (an ``ExportableState``: written with the rest of the state) and :meth:`load` restores it,
+    so a resumed run averages over all its steps."""
 
     def __init__(self, schedule: TaskSamplingSchedule | None) -> None:
         self.schedule, self.trainer = schedule, None
         self.total: torch.Tensor | None = None
         self.steps = 0
 
+    def state(self) -> dict[str, Any]:
+        total = None if self.total is None else self.total.tolist()
+        return {"args": {}, "attributes": {"total": total, "steps": self.steps}}
+
+    def load(self, checkpoint: str) -> None:
+        """Restore the sum of a checkpoint's steps (one written without it: a warning, the steps after it only)."""
+        saved = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text()).get("stateful_callbacks", {})
+        if type(self).__name__ not in saved:
+            logger.warning("%s holds no weight average: the averaged weights cover the steps after it only", checkpoint)
+            return
+        attributes = saved[type(self).__name__]["attributes"]
+        self.total = None if attributes["total"] is None else torch.tensor(attributes["total"], dtype=torch.float64)
+        self.steps = attributes["steps"]
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.schedule is not None and not self.schedule.fixed:
             weights = self.schedule.history[state.global_step]
         else:
             weights = self.trainer.step_weights.double().cpu()
-        weights = weights / weights.sum()
+        weights = weights.double() / weights.sum()
         self.total = weights if self.total is None else self.total + weights
         self.steps += 1
 
@@ -435,7 +517,9 @@ class WeightAverageCallback(TrainerCallback):
         return None if self.total is None else (self.total / self.steps).tolist()
 
 
-def domain_tasks(names: list[str], sequences: list[int], mixture: list[float], report: dict[str, Any]) -> TaskFamily:
+def domain_tasks(
+    names: list[str], sequences: list[int] | list[str], mixture: list[float], report: dict[str, Any]
+) -> TaskFamily:
     """The card's task family: one row per domain with its training sequences, mixture weight, held-out perplexity."""
     perplexity = report.get("eval_task_perplexity", {})
     rows = {
@@ -497,6 +581,8 @@ def run(argv: list[str]) -> dict:
     if model_args.tokenizer_name is not None:
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
+    if data_args.streaming:
+        check_streaming(model_args, data_args, training_args.max_steps)
     texts = load_domain_texts(data_args)
     if list(training_args.task_names) != texts.names:
         raise UsageError(f"--task_names {training_args.task_names} differ from the data's domains {texts.names}")
@@ -505,7 +591,7 @@ def run(argv: list[str]) -> dict:
     if data_args.domain_weights is not None:
         fixed_weights, saved_provenance = read_domain_weights(data_args.domain_weights, texts.names)
     schedule, weighting, callbacks = None, None, []
-    if data_args.domain_sampling == "online" or fixed_weights is not None:
+    if data_args.domain_sampling == "online" or (fixed_weights is not None and not data_args.streaming):
         schedule = TaskSamplingSchedule(len(texts.names), fixed_weights=fixed_weights)
         callbacks.append(TaskSamplingCallback(schedule))
     if data_args.domain_sampling == "online":
@@ -546,7 +632,13 @@ def run(argv: list[str]) -> dict:
     if data_args.max_eval_sequences is not None:
         keep = [i for d in range(num_domains) for i in _first_rows(eval_sequences, d, data_args.max_eval_sequences)]
         eval_sequences = eval_sequences.select(keep)
-    sequences = domain_counts(train_sequences, num_domains)
+    sequences = domain_counts(train_sequences, num_domains)  # streamed: of the sample
+    if texts.streams is not None:
+        train_sequences = stream_domains(
+            texts.streams, tokenizer, data_args.max_seq_length, fixed_weights or [1.0] * num_domains,
+            training_args.seed,
+        )  # fmt: skip
+        training_args.accelerator_config.dispatch_batches = False  # every process reads the streams itself
     collator = DomainCollator(
         tokenizer.pad_token_id,
         schedule=schedule,
@@ -561,7 +653,9 @@ def run(argv: list[str]) -> dict:
     trainer = create_trainer(
         training_args,
         model=model,
-        train_dataset=DrawSlots(len(train_sequences)) if schedule is not None else train_sequences,
+        train_dataset=DrawSlots(draws_per_epoch(len(train_sequences), training_args))
+        if schedule is not None
+        else train_sequences,
         eval_dataset=eval_sequences,
         processing_class=tokenizer,
         data_collator=collator,
@@ -569,10 +663,14 @@ def run(argv: list[str]) -> dict:
         callbacks=[*callbacks, averages],
     )
     averages.trainer = trainer
+    if resume_checkpoint is not None:
+        averages.load(resume_checkpoint)
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
     if fixed_weights is not None:
         mixture, mixture_kind = [w / sum(fixed_weights) for w in fixed_weights], "file"
+    elif texts.streams is not None:
+        mixture, mixture_kind = [1 / num_domains] * num_domains, "uniform (streamed)"
     elif data_args.domain_sampling == "online":
         mixture, mixture_kind = averages.average() or [1 / num_domains] * num_domains, "online time-average"
     else:
@@ -590,7 +688,7 @@ def run(argv: list[str]) -> dict:
             if f"eval_task_perplexity/{name}" in eval_metrics
         },
         eval_worst_task_perplexity=eval_metrics.get("eval_worst_task_perplexity"),
-        training_sequences=dict(zip(texts.names, sequences, strict=True)),
+        training_sequences=None if texts.streams else dict(zip(texts.names, sequences, strict=True)),
         mixture_weights=dict(zip(texts.names, mixture, strict=True)),
         mixture_kind=mixture_kind,
         time_averaged_weights=dict(zip(texts.names, averages.average() or [], strict=False)),
@@ -602,7 +700,7 @@ def run(argv: list[str]) -> dict:
     tokenizer_source = model_args.tokenizer_name or model_args.model_name_or_path
     content = ModelCardContent(
         architecture=type(base).__name__,
-        tasks=domain_tasks(texts.names, sequences, mixture, report),
+        tasks=domain_tasks(texts.names, ["streamed"] * num_domains if texts.streams else sequences, mixture, report),
         report=report,
         training_data=texts.training_data,
         base_model=model_args.model_name_or_path,
@@ -615,6 +713,13 @@ def run(argv: list[str]) -> dict:
     write_report_and_card(trainer, report, card_renderer(trainer, content))
     push(trainer)
     return {**eval_metrics, "report": report}
+
+
+def draws_per_epoch(sequences: int, training_args: MinimaxTrainingArguments) -> int:
+    """An epoch of domain-weighted draws: about as many draws as there are sequences, in whole global batches (so the
+    draws are the same with any number of processes for the same global batch)."""
+    global_batch = training_args.per_device_train_batch_size * training_args.world_size
+    return math.ceil(sequences / global_batch) * global_batch
 
 
 def _first_rows(sequences: Dataset, domain: int, count: int) -> list[int]:

@@ -71,6 +71,19 @@ def l1(first: dict[str, float], second: dict[str, float]) -> float:
     return sum(abs(first[name] - second[name]) for name in first)
 
 
+def option_values(tokens: list[str]) -> dict[str, list[str]]:
+    """``--name value ...`` tokens -> ``{"--name": [values]}`` (a repeated option: its last values)."""
+    values: dict[str, list[str]] = {}
+    name = None
+    for token in tokens:
+        if token.startswith("--"):
+            name, _, inline = token.partition("=")
+            values[name] = [inline] if inline else []
+        elif name is not None:
+            values[name].append(token)
+    return values
+
+
 def run_stage(stage_dir: Path, options: list[str], runner: StageRunner) -> dict[str, Any]:
     """The stage's report: reused if it finished with the same options (the passed ones and the stage's own), else
     run (resuming an interrupted run)."""
@@ -79,9 +92,14 @@ def run_stage(stage_dir: Path, options: list[str], runner: StageRunner) -> dict[
     if record.is_file():
         previous = json.loads(record.read_text())["options"]
         if previous != options:
-            changed = sorted(set(previous).symmetric_difference(options))
+            before, now = option_values(previous), option_values(options)
+            changed = [
+                f"{name} {' '.join(before.get(name, ['(unset)']))} -> {' '.join(now.get(name, ['(unset)']))}"
+                for name in dict.fromkeys([*before, *now])
+                if before.get(name) != now.get(name)
+            ]
             raise UsageError(
-                f"{stage_dir} ran with other options ({' '.join(changed) or 'their order'} differ): use another "
+                f"{stage_dir} ran with other options ({', '.join(changed) or 'in another order'}): use another "
                 "--output_dir, or delete the stage folder to train it again"
             )
         if report_path.is_file():
