@@ -9,7 +9,8 @@ each) is one task: texts are packed into ``max_seq_length`` sequences within the
 per-domain next-token losses. The batches hold the domains in their natural proportions (``--domain_sampling
 natural``), or each sequence's domain is drawn: from the strategy's current weights (``online``: DoReMi's way of
 applying weights; the objective is then the plain mean) or from a file of weights (``--domain_weights``, e.g. the
-``domain_weights.json`` of ``robust-pretrain-mixture``). The run writes the model (``AutoModelForCausalLM``) and
+``domain_weights.json`` of ``robust-pretrain-mixture``). With ``--streaming`` each ``--domain_files`` source is a
+stream, packed on the fly and replayed exactly on resume. The run writes the model (``AutoModelForCausalLM``) and
 tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity (mean and worst domain), the
 domains' mixture weights and the run's provenance (tokenizer, data and model), and a model card.
 """
