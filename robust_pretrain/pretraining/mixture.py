@@ -35,6 +35,7 @@ from typing import Any
 from robust_pretrain.cli import UsageError, refuse, run_console
 from robust_pretrain.config import OptionParser
 from robust_pretrain.options import check_options, option, option_problems
+from robust_pretrain.pretraining import causal_lm
 from robust_pretrain.pretraining.causal_lm import DOMAIN_WEIGHTS_NAME
 from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 
@@ -165,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> dict[str, Any]:
     """The workflow as ``argv`` says: the mixture's own options, every other one passed to each stage."""
-    from robust_pretrain.pretraining import causal_lm
-
     parser = OptionParser(MixtureArguments, description=__doc__)
     namespace, passed = parser.parse_known_args(argv)
     values = {each.name: getattr(namespace, each.name) for each in fields(MixtureArguments)}
