@@ -275,3 +275,29 @@ def test_a_streamed_run_extended_from_its_checkpoint_matches_an_uninterrupted_on
         assert torch.equal(a, b), name
     assert whole["mixture_kind"] == extended["mixture_kind"] == "file"
     assert whole["eval_task_loss"] == extended["eval_task_loss"] and set(whole["eval_task_loss"]) == set(DOMAINS)
+
+
+@pytest.mark.slow
+def test_domains_from_a_column_or_from_dataset_folders(tmp_path):
+    """``--train_file`` + ``--domain_column``: the column's distinct values, sorted, are the domains; a
+    ``--domain_files`` source may be a dataset folder (several datasets as domains)."""
+    corpus = ewt_genre_texts("train")
+    rows = [
+        {"text": text, "source": EWT_GENRES[domain]}
+        for text, domain in zip(corpus["text"][:4000:20], corpus["domain"][:4000:20], strict=True)
+    ]
+    data = tmp_path / "all.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    argv = [arg for arg in recipe_argv(tmp_path, "column") if "=" not in arg and arg != "--domain_files"]
+    report = causal_lm.run([*argv, "--train_file", str(data), "--domain_column", "source"])["report"]
+    present = sorted({row["source"] for row in rows})
+    assert report["tasks"] == present and len(present) >= 2
+    assert sum(report["training_sequences"].values()) > 0
+    for name in ("left", "right"):
+        folder = tmp_path / name
+        folder.mkdir()
+        half = rows[: len(rows) // 2] if name == "left" else rows[len(rows) // 2 :]
+        (folder / "train.jsonl").write_text("\n".join(json.dumps(row) for row in half) + "\n")
+    folders = ["--domain_files", f"left={tmp_path / 'left'}", f"right={tmp_path / 'right'}"]
+    report = causal_lm.run([*argv[:-1], str(tmp_path / "folders"), *folders])["report"]
+    assert report["tasks"] == ["left", "right"] and set(report["eval_task_perplexity"]) == {"left", "right"}
