@@ -47,6 +47,7 @@ Usage (the PoS recipe: ``--masking per_example --task_sampling weights --weighti
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -62,7 +63,8 @@ SAMPLING_LAG = 2
 class TaskSamplingSchedule:
     """Sampling weights by optimizer step and the step of each training batch the collator draws.
 
-    ``publish(step, weights)`` records the weights of a step (step 0: before training; uniform by default);
+    ``publish(step, weights)`` records the weights of a step (step 0: before training; uniform by default, else
+    ``fixed_weights``: then every batch is drawn with them, whatever its step, and no other step is published);
     :meth:`start_epoch` says which step the next batch belongs to; :meth:`next_batch_weights` returns the weights of
     the next batch by the lag rule (module docstring) and counts the batch.
 
@@ -75,16 +77,20 @@ class TaskSamplingSchedule:
     #: seconds a DataLoader worker waits for the weights of a step before it gives up
     worker_timeout: float = 600.0
 
-    def __init__(self, num_tasks: int, accumulation_steps: int = 1) -> None:
+    def __init__(
+        self, num_tasks: int, accumulation_steps: int = 1, fixed_weights: torch.Tensor | list[float] | None = None
+    ) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         self.num_tasks = num_tasks
+        self.fixed = fixed_weights is not None
         slots = SAMPLING_LAG + 2  # a batch needs step s - LAG while steps up to s - 1 can be published
         self._steps = torch.full((slots,), -1, dtype=torch.int64).share_memory_()
         self._weights = torch.zeros(slots, num_tasks, dtype=torch.float64).share_memory_()
         self._epoch = torch.zeros(3, dtype=torch.int64).share_memory_()  # epoch counter, first step, accumulation
         self._local_epoch, self._local_batches = -1, 0  # per process: batches collated by it in this epoch
-        self.publish(0, torch.full((num_tasks,), 1.0 / num_tasks, dtype=torch.float64))
+        uniform = torch.full((num_tasks,), 1.0 / num_tasks, dtype=torch.float64)
+        self.publish(0, uniform if fixed_weights is None else fixed_weights)
         self.start_epoch(1, accumulation_steps)
 
     @property
@@ -93,6 +99,8 @@ class TaskSamplingSchedule:
         return {int(step): self._weights[slot].clone() for slot, step in enumerate(self._steps.tolist()) if step >= 0}
 
     def publish(self, step: int, weights: torch.Tensor | list[float]) -> None:
+        if self.fixed and step != 0:
+            raise ValueError(f"the sampling weights are fixed: step {step}'s cannot be published")
         weights = torch.as_tensor(weights, dtype=torch.float64).cpu()
         if weights.shape != (self.num_tasks,) or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise ValueError(f"sampling weights must be {self.num_tasks} finite values >= 0, got {weights.tolist()}")
@@ -110,6 +118,13 @@ class TaskSamplingSchedule:
 
     def next_batch_weights(self) -> tuple[int, torch.Tensor]:
         """``(step, weights)`` for the next training batch: the weights recorded at ``step - SAMPLING_LAG``."""
+        step, _, weights = self.next_batch()
+        return step, weights
+
+    def next_batch(self) -> tuple[int, int, torch.Tensor]:
+        """``(step, micro_batch, weights)`` for the next training batch: its optimizer step, its index among the
+        step's ``accumulation_steps`` micro-batches, and the weights recorded at ``step - SAMPLING_LAG`` (with
+        ``fixed`` weights: those of step 0, whatever the step)."""
         epoch, next_step, accumulation_steps = self._epoch.tolist()
         if epoch != self._local_epoch:
             self._local_epoch, self._local_batches = epoch, 0
@@ -117,7 +132,7 @@ class TaskSamplingSchedule:
         worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         batch_index = self._local_batches * num_workers + worker_id
         step = next_step + batch_index // accumulation_steps
-        source = max(0, step - SAMPLING_LAG)
+        source = 0 if self.fixed else max(0, step - SAMPLING_LAG)
         slot = source % len(self._steps)
         deadline = time.monotonic() + (self.worker_timeout if worker is not None else 0.0)
         while (published := int(self._steps[slot])) != source:
@@ -132,7 +147,7 @@ class TaskSamplingSchedule:
         if int(self._steps[slot]) != source:  # overwritten while read (cannot happen by the lag rule): refuse
             raise RuntimeError(f"the sampling weights of optimizer step {source} changed while they were read")
         self._local_batches += 1
-        return step, weights
+        return step, batch_index % accumulation_steps, weights
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": {str(step): weights.tolist() for step, weights in self.history.items()}}
@@ -180,6 +195,10 @@ class TaskSamplingWeighting(ProportionalWeighting):
         self.schedule.publish(self.step, sampling)  # self.step: the optimizer step just computed (1-based)
         return objective
 
+    def log_values(self) -> dict[str, float]:
+        """The sampling strategy's own log values (e.g. ``minimax_alpha``)."""
+        return self.sampler.log_values()
+
     def options(self) -> dict[str, Any]:
         """The sampling strategy's name and options (the objective, ``proportional``, has none)."""
         return {"sampler": type(self.sampler).__name__, "sampler_options": self.sampler.options()}
@@ -209,11 +228,20 @@ class TaskSamplingCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         """Add the step's sampling weights (``task_sampling_weight/<task>``) to the training log entry just written;
-        its ``task_weight/<task>`` are the objective's weights (the tasks' shares of the step's targets)."""
+        its ``task_weight/<task>`` are the objective's weights (the tasks' shares of the step's targets). With more
+        tasks than ``max_logged_tasks`` (the trainer then logs a summary instead of per-task values) it adds the
+        effective number of sampling weights ``exp(H(w))`` instead (``task_sampling_weight_effective_number``)."""
         weights = self.schedule.history.get(state.global_step)
-        if logs and "loss" in logs and weights is not None and state.log_history:
+        if not (logs and "loss" in logs and weights is not None and state.log_history):
+            return
+        entry = state.log_history[-1]
+        if len(args.task_names) <= args.max_logged_tasks:
             for name, weight in zip(args.task_names, weights.tolist(), strict=True):
-                state.log_history[-1][f"task_sampling_weight/{name}"] = round(weight, 6)
+                entry[f"task_sampling_weight/{name}"] = round(weight, 6)
+        elif float(weights.sum()) > 0:
+            p = weights / weights.sum()
+            entropy = float(-(p * p.clamp_min(1e-300).log()).sum())
+            entry["task_sampling_weight_effective_number"] = round(math.exp(entropy), 4)
 
 
 def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

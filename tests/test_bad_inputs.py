@@ -3,8 +3,9 @@ nothing written (issue 17). A new case is one line in a table.
 
 Console cases run ``main(argv)`` in-process: ``argv`` is the script's base command line plus the case's options
 (later options win); ``{out}`` is an existing output directory holding a user's file, ``{tmp}`` the test's folder
-(with ``file.txt``, ``empty.txt``, ``binary.txt``, ``bad.parquet``, ``typo.yaml``), ``{mmae}`` a tiny MM-MAE
-checkpoint, ``{ro}`` a path where nothing can be created. Each case checks that no file under ``{tmp}`` changed.
+(with ``file.txt``, ``empty.txt``, ``binary.txt``, ``bad.parquet``, ``typo.yaml``, ``weights.json``), ``{mmae}`` a
+tiny MM-MAE checkpoint, ``{ro}`` a path where nothing can be created. Each case checks that no file under ``{tmp}``
+changed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from robust_pretrain.evaluation import suite
 from robust_pretrain.glue import finetune as glue_finetune
 from robust_pretrain.hub import main as publish_main
 from robust_pretrain.options import LoraArguments
-from robust_pretrain.pretraining import compare, multimae, pos_mlm
+from robust_pretrain.pretraining import causal_lm, compare, mixture, multimae, pos_mlm
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision import export, pseudo_label
 from robust_pretrain.vision import finetune as dense_finetune
@@ -80,6 +81,12 @@ SCRIPTS: dict[str, tuple[Callable[[list[str]], int], str, list[str]]] = {
         "robust-pretrain-pseudo-label",
         ["--dataset", "{tmp}", "--output_dir", "{tmp}/labelled", "--depth_model", str(MINILM)],
     ),
+    "causal-lm": (
+        causal_lm.main,
+        "robust-pretrain-causal-lm",
+        ["--config", "decoder_demo", "--output_dir", "{out}", "--max_steps", "2"],
+    ),
+    "mixture": (mixture.main, "robust-pretrain-mixture", ["--config", "decoder_demo", "--output_dir", "{out}"]),
     "export-vit": (export.main, "robust-pretrain-export-vit", []),
     "publish": (publish_main, "robust-pretrain-publish", []),
 }
@@ -249,6 +256,53 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("pseudo-label", ["--output_format", "zip"], ["--output_format", "invalid choice: 'zip'"]),
     ("pseudo-label", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
     ("pseudo-label", ["--depth_model", "{tmp}/no-model"], ["--depth_model", "no such checkpoint"]),
+    # causal-lm
+    ("causal-lm", ["--domain_files", "web={tmp}/empty.txt"], ["--domain_files web=", "empty.txt is empty"]),
+    ("causal-lm", ["--domain_files", "web={tmp}/nowhere.txt"], ["--domain_files web=", "data file not found"]),
+    ("causal-lm", ["--domain_files", "web"], ["--domain_files web: expected name=path"]),
+    (
+        "causal-lm",
+        ["--domain_files", "web={tmp}/train.txt", "mail={tmp}/file.txt"],
+        ["domain mail has no held-out text", "at least 2 texts"],
+    ),  # fmt: skip
+    (
+        "causal-lm",
+        ["--domain_files", "web={tmp}/train.txt", "--domain_weights", "{tmp}/weights.json"],
+        ["weights.json has the domains ['news'], this run ['web']"],
+    ),  # fmt: skip
+    ("causal-lm", ["--domain_weights", "{tmp}/file.txt"], ["--domain_weights", "expected JSON"]),
+    ("causal-lm", ["--domain_column", "source"], ["--domain_column names a column of --dataset_name or --train_file"]),
+    (
+        "causal-lm",
+        ["--train_file", "{tmp}/train.txt", "--domain_column", "source"],
+        ["--domain_column source", "has no such column (columns: ['text'])"],
+    ),  # fmt: skip
+    ("causal-lm", ["--model_name_or_path", str(MINILM)], ["(bert, BertModel) is not a causal LM"]),
+    ("causal-lm", ["--model_name_or_path", "{mmae}"], ["(multimae", "is not a causal LM"]),
+    (
+        "causal-lm",
+        ["--domain_sampling", "online", "--domain_weights", "{tmp}/weights.json"],
+        ["--domain_weights draws from fixed weights: it excludes --domain_sampling online"],
+    ),  # fmt: skip
+    (
+        "causal-lm",
+        ["--domain_sampling", "online", "--weighting", "uncertainty"],
+        ["--domain_sampling online with --weighting uncertainty", "cannot drive task sampling"],
+    ),  # fmt: skip
+    ("causal-lm", ["--max_seq_length", "1"], ["--max_seq_length must be in [2, 8192]"]),
+    ("causal-lm", ["--streaming", "true"], ["--streaming reads --domain_files (one stream per domain)"]),
+    (
+        "causal-lm",
+        ["--streaming", "true", "--domain_files", "web={tmp}/train.txt"],
+        ["--streaming: a tokenizer cannot be trained on a stream"],
+    ),  # fmt: skip
+    ("causal-lm", ["--stream_held_out_texts", "0"], ["--stream_held_out_texts must be a positive integer"]),
+    ("causal-lm", ["--task_names", "a", "b"], ["--task_names ['a', 'b'] differ from the data's domains"]),
+    # mixture
+    ("mixture", ["--rounds", "0"], ["--rounds must be a positive integer"]),
+    ("mixture", ["--weights_tolerance", "0"], ["--weights_tolerance must be > 0"]),
+    ("mixture", ["--proxy_objective", "dwa"], ["--proxy_objective", "invalid choice: 'dwa'"]),
+    ("mixture", ["--domain_files", "web={tmp}/empty.txt"], ["--domain_files web=", "empty.txt is empty"]),
     # export-vit
     ("export-vit", [str(MINILM), "{tmp}/vit"], ["checkpoint", "is not an MM-MAE checkpoint"]),
     ("export-vit", ["{mmae}", "{tmp}/file.txt"], ["output_dir", "is a file"]),
@@ -355,6 +409,7 @@ def workspace(tmp_path: Path) -> Path:
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (tmp_path / "typo.yaml").write_text("max_stepz: 3\n")
+    (tmp_path / "weights.json").write_text('{"weights": {"news": 1.0}}')
     (tmp_path / "train.txt").write_text("The cat sat on the mat .\nDogs run quickly in the park .\n" * 12)
     (tmp_path / "reference").mkdir()  # a finished run of other tasks than the demo's
     other_tasks = {"tasks": ["verb", "noun", "numeral"], "eval_task_loss": {"verb": 1.0, "noun": 2.0, "numeral": 3.0}}

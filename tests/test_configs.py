@@ -14,7 +14,7 @@ from robust_pretrain.configs import packaged_configs, resolve_config
 
 PACKAGE = Path(robust_pretrain.__file__).resolve().parent
 RECIPE_CONFIGS = PACKAGE.parent / "recipes" / "configs"
-NAMES = ["demo", "evidence_minilm", "glue_finetune", "glue_suite_local", "vision_demo"]
+NAMES = ["decoder_demo", "demo", "evidence_minilm", "glue_finetune", "glue_suite_local", "vision_demo"]
 
 
 def test_packaged_configs_are_the_one_source_of_the_recipe_configs():
@@ -46,11 +46,24 @@ def test_an_existing_file_wins_over_a_packaged_name(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("dmeo", "--config dmeo: is neither a file nor a packaged config (did you mean demo? packaged configs: demo, "),
-        ("nothing", "--config nothing: is neither a file nor a packaged config (packaged configs: demo, "),
-        ("demo.yaml", "--config demo.yaml: config file not found (packaged configs: demo, "),  # a suffix: a path
-        ("configs/demo", "--config configs/demo: config file not found (packaged configs: demo, "),  # a slash: a path
-        ("", "--config : config file not found (packaged configs: demo, "),
+        (
+            "dmeo",
+            "--config dmeo: is neither a file nor a packaged config (did you mean demo? packaged configs: "
+            "decoder_demo, demo, ",
+        ),
+        (
+            "nothing",
+            "--config nothing: is neither a file nor a packaged config (packaged configs: decoder_demo, demo, ",
+        ),
+        (
+            "demo.yaml",
+            "--config demo.yaml: config file not found (packaged configs: decoder_demo, demo, ",
+        ),  # a suffix: a path
+        (
+            "configs/demo",
+            "--config configs/demo: config file not found (packaged configs: decoder_demo, demo, ",
+        ),  # a slash: a path
+        ("", "--config : config file not found (packaged configs: decoder_demo, demo, "),
     ],
 )
 def test_an_unknown_name_or_missing_file_is_one_line_naming_the_option_and_the_names(value, message, tmp_path):

@@ -348,3 +348,15 @@ if __name__ == "__main__":  # one process of the 2-process job
     rank = int(os.environ["RANK"])
     with open(Path(sys.argv[1]) / f"rank{rank}.json", "w") as stream:
         json.dump({"published": job_schedule.published, "batches": job_schedule.batches}, stream)
+
+
+def test_fixed_weights_serve_every_step_and_name_each_batch_micro_batch():
+    """Fixed weights (a file's): every batch gets them whatever its step; ``next_batch`` says which micro-batch of its
+    optimizer step a batch is; no other step's weights can be published."""
+    schedule = TaskSamplingSchedule(3, fixed_weights=[0.5, 0.3, 0.2])
+    schedule.start_epoch(7, 3)
+    batches = [schedule.next_batch() for _ in range(5)]
+    assert [(step, micro) for step, micro, _ in batches] == [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1)]
+    assert all(weights.tolist() == [0.5, 0.3, 0.2] for _, _, weights in batches)
+    with pytest.raises(ValueError, match="the sampling weights are fixed"):
+        schedule.publish(1, [1.0, 0.0, 0.0])

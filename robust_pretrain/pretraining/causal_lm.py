@@ -1,0 +1,731 @@
+"""Domain-robust causal-LM pre-training: data domains as tasks for a decoder, in the conventions of HF's run_clm.py.
+
+    robust-pretrain-causal-lm --config decoder_demo [--max_steps 100 ...]
+    accelerate launch recipes/pretrain_causal_lm.py --config decoder_demo
+
+Each domain (a UD English-EWT genre by default; else the values of ``--domain_column`` or one ``--domain_files`` entry
+each) is one task: texts are packed into ``max_seq_length`` sequences within their domain
+(:mod:`robust_pretrain.data.domains`), every sequence's domain is its task id, and the trainer minimises the weighted
+per-domain next-token losses. The batches hold the domains in their natural proportions (``--domain_sampling
+natural``), or each sequence's domain is drawn: from the strategy's current weights (``online``: DoReMi's way of
+applying weights; the objective is then the plain mean) or from a file of weights (``--domain_weights``, e.g. the
+``domain_weights.json`` of ``robust-pretrain-mixture``). With ``--streaming`` each ``--domain_files`` source is a
+stream, packed on the fly and replayed exactly on resume. The run writes the model (``AutoModelForCausalLM``) and
+tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity (mean and worst domain), the
+domains' mixture weights and the run's provenance (tokenizer, data and model), and a model card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset, IterableDataset, concatenate_datasets, load_dataset
+from datasets.exceptions import DatasetGenerationError
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+    set_seed,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
+
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
+from robust_pretrain.config import OptionParser, parse_with_config
+from robust_pretrain.data.domains import (
+    DOMAIN_COLUMN,
+    EWT_GENRES,
+    DomainCollator,
+    DrawSlots,
+    domain_counts,
+    domain_texts,
+    ewt_genre_texts,
+    pack_domains,
+    stream_domains,
+    texts_fingerprint,
+)
+from robust_pretrain.options import check_options, option
+from robust_pretrain.output_dir import resume_or_refuse, write_run_config
+from robust_pretrain.pretraining.common import (
+    create_trainer,
+    peek_option,
+    push,
+    setup_logging,
+    train_and_evaluate,
+    training_settings,
+)
+from robust_pretrain.pretraining.pos_mlm import TEXT_BUILDERS, _check_text_file, matching_files
+from robust_pretrain.reporting import card_renderer, task_report
+from robust_pretrain.reporting.cards import (
+    EWT_TRAINING_DATA,
+    ModelCardContent,
+    TaskFamily,
+    TrainingData,
+    checkpoint_tokenizer,
+    hub_dataset,
+    local_files,
+    model_size,
+)
+from robust_pretrain.reporting.task_report import TRAJECTORY_PLOT_NAME, report_settings, write_report_and_card
+from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
+from robust_pretrain.training_args import MinimaxTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, key/value heads, intermediate
+    "tiny": (2, 128, 4, 2, 384),
+    "mini": (4, 256, 4, 2, 768),
+    "small": (6, 512, 8, 4, 1536),
+}
+MIN_VOCAB_SIZE = 64  # a byte-level BPE vocabulary holds its 256 bytes: smaller sizes are raised to them
+NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir", "allow_weights_mismatch"}
+DOMAIN_WEIGHTS_NAME = "domain_weights.json"
+SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+GENERATION_USAGE = """\
+from transformers import pipeline
+
+generator = pipeline("text-generation", model="{model_id}")
+print(generator("The weather today", max_new_tokens=30)[0]["generated_text"])"""
+
+
+@dataclass
+class CausalModelArguments:
+    model_name_or_path: str | None = option(
+        None,
+        "Checkpoint (local dir or Hub id) to continue pre-training; it must load with AutoModelForCausalLM. Leave "
+        "unset to train a Llama-style decoder from scratch (see model_size).",
+    )
+    model_size: str = option("tiny", "From-scratch Llama-style preset.", choices=list(DECODER_SIZES))
+    tokenizer_name: str | None = option(
+        None,
+        "Fast tokenizer to use (default: the checkpoint's; from scratch: a byte-level BPE tokenizer trained on the "
+        "training text).",
+    )
+    vocab_size: int = option(4000, "Vocabulary size of a tokenizer trained from scratch.", minimum=MIN_VOCAB_SIZE)
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass
+class DomainDataArguments:
+    domain_files: list[str] | None = option(
+        None,
+        "One data source per domain, as name=path: a .txt/.json/.jsonl/.csv/.parquet file or glob, or a dataset "
+        "(a local dataset folder or a Hub id, its train split), e.g. --domain_files web=web/*.jsonl code=code.txt.",
+    )
+    dataset_name: str | None = option(None, "A dataset (Hub id or local folder) whose --domain_column names domains.")
+    train_file: str | None = option(None, "A data file (or glob) whose --domain_column names domains.", path="file")
+    domain_column: str | None = option(
+        None, "Column of --dataset_name / --train_file holding each text's domain (its distinct values, sorted)."
+    )
+    text_column_name: str = option("text", "Column holding the raw text.")
+    ud_dir: str | None = option(
+        None,
+        "Default data when no other source is given: UD English-EWT's five genres as domains, read from this folder "
+        "(default: $ROBUST_PRETRAIN_UD_DIR, else ../shared/data/ud_ewt from the current directory); EWT test is "
+        "held out.",
+    )
+    validation_split_percentage: int = option(
+        5, "Percent of each domain's texts held out (not for the UD default, whose test split is held out).",
+        minimum=1, maximum=99,
+    )  # fmt: skip
+    max_seq_length: int = option(128, "Tokens per packed sequence.", minimum=2, maximum=8192)
+    domain_sampling: str = option(
+        "natural",
+        "'natural': every packed sequence once per epoch (the domains' natural proportions); 'online': each "
+        "training sequence's domain drawn from the --weighting strategy's current weights (batches of step s use "
+        "those of step s-2), the objective the plain mean. With --domain_weights the domains are drawn from the file.",
+        choices=["natural", "online"],
+    )
+    domain_weights: str | None = option(
+        None,
+        'JSON file of domain sampling weights ({"weights": {domain: weight}}, e.g. robust-pretrain-mixture\'s '
+        "domain_weights.json): each training sequence's domain is drawn from them. Its provenance (tokenizer, data, "
+        "model size) must match this run's unless --allow_weights_mismatch.",
+        path="file",
+    )
+    allow_weights_mismatch: bool = option(
+        False, "Train with --domain_weights whose provenance differs from this run (each difference is logged)."
+    )
+    max_eval_sequences: int | None = option(None, "Held-out sequences kept per domain (the first ones).", minimum=1)
+    streaming: bool = option(
+        False,
+        "Stream the --domain_files sources (nothing read into memory but the held-out texts): each domain is packed on "
+        "the fly and read over and over, and the next sequence's domain is drawn from --domain_weights (uniform "
+        "without); a resumed run replays the stream exactly. Needs --max_steps and --tokenizer_name or "
+        "--model_name_or_path.",
+    )
+    stream_held_out_texts: int = option(
+        100,
+        "With --streaming: the first texts of each domain's stream are its held-out data, skipped in training.",
+        minimum=1,
+    )
+    preprocessing_num_workers: int | None = option(None, "Processes for tokenising.", minimum=1)
+    overwrite_output_dir: bool = option(False, "Start afresh even if output_dir holds checkpoints (they are deleted).")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.domain_weights is not None and self.domain_sampling == "online":
+            raise UsageError("--domain_weights draws from fixed weights: it excludes --domain_sampling online")
+        sources = [name for name in ("domain_files", "dataset_name", "train_file") if getattr(self, name)]
+        if len(sources) > 1:
+            raise UsageError(f"give one data source, not {' and '.join('--' + name for name in sources)}")
+        if (self.dataset_name or self.train_file) and self.domain_column is None:
+            raise UsageError("--dataset_name / --train_file need --domain_column (the column naming each domain)")
+        if self.domain_column is not None and not (self.dataset_name or self.train_file):
+            raise UsageError("--domain_column names a column of --dataset_name or --train_file: give one of them")
+
+
+@dataclass
+class DomainTexts:
+    """The raw texts of a run: ``train`` and ``validation`` with columns ``text`` and ``domain`` (an index into
+    ``names``), and where they came from (for the card). Streamed (``streams``: each domain's training texts), ``train``
+    holds the first :data:`STREAM_SAMPLE_TEXTS` training texts of each stream, for the checks and the data hashes."""
+
+    names: list[str]
+    train: Dataset
+    validation: Dataset
+    training_data: TrainingData
+    streams: list[IterableDataset] | None = None
+
+
+def parse_domain_files(entries: list[str]) -> dict[str, str]:
+    """``name=source`` entries -> ``{name: source}``, names unique and non-empty."""
+    sources: dict[str, str] = {}
+    for entry in entries:
+        name, sep, source = entry.partition("=")
+        if not sep or not name or not source:
+            raise UsageError(f"--domain_files {entry}: expected name=path (e.g. web=data/web.jsonl)")
+        if name in sources:
+            raise UsageError(f"--domain_files names the domain {name!r} twice")
+        sources[name] = source
+    return sources
+
+
+def _load_source(source: str, option_name: str, text_column: str, streaming: bool = False) -> Dataset | IterableDataset:
+    """The train split of a file / glob / dataset folder / Hub dataset (streamed or not), with a text column."""
+    if Path(source).is_dir() or not (Path(source).suffix or any(ch in source for ch in "*?[")):
+        try:
+            raw = load_dataset(source, split="train", streaming=streaming)
+        except (OSError, ValueError, DatasetGenerationError) as err:
+            raise UsageError(f"{option_name} {source}: could not load it as a dataset ({err})") from err
+    else:
+        paths = matching_files(source, option_name)
+        builder = TEXT_BUILDERS.get(Path(paths[0]).suffix.lstrip("."))
+        if builder is None:
+            raise UsageError(f"{option_name} {source}: expected a .txt, .json, .jsonl, .csv or .parquet file")
+        for path in paths:
+            _check_text_file(Path(path), option_name, builder)
+        try:
+            raw = load_dataset(builder, data_files={"train": paths}, split="train", streaming=streaming)
+        except DatasetGenerationError as err:
+            cause = err.__cause__ or err
+            raise UsageError(f"{option_name} {source}: could not read it as {builder} data ({cause})") from err
+    if raw.column_names is not None and text_column not in raw.column_names:
+        raise UsageError(
+            f"{option_name} {source} has no text column {text_column!r} (columns: {raw.column_names}); set "
+            "--text_column_name"
+        )
+    return raw
+
+
+def _split(dataset: Dataset, percentage: int) -> tuple[Dataset, Dataset]:
+    """Each domain's texts split into training and held-out ones (at least one held out per domain, seed 0)."""
+    train, held_out = [], []
+    for domain in sorted(set(dataset[DOMAIN_COLUMN])):
+        texts = domain_texts(dataset, domain)
+        if len(texts) < 2:
+            train.append(texts)
+            continue
+        size = max(1, round(len(texts) * percentage / 100))
+        parts = texts.train_test_split(test_size=size, seed=0)
+        train.append(parts["train"])
+        held_out.append(parts["test"])
+    return concatenate_datasets(train), concatenate_datasets(held_out) if held_out else dataset.select([])
+
+
+def load_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
+    """The texts of every domain, from whichever source the options name (UD-EWT genres by default)."""
+    column = data_args.text_column_name
+    if data_args.streaming:
+        return stream_domain_texts(data_args)
+    if data_args.domain_files:
+        sources = parse_domain_files(data_args.domain_files)
+        parts = []
+        for index, (name, source) in enumerate(sources.items()):
+            raw = _load_source(source, f"--domain_files {name}=", column)
+            parts.append(Dataset.from_dict({"text": raw[column], DOMAIN_COLUMN: [index] * len(raw)}))
+        train, validation = _split(concatenate_datasets(parts), data_args.validation_split_percentage)
+        return DomainTexts(list(sources), train, validation, local_files(*sources.values()))
+    if data_args.dataset_name or data_args.train_file:
+        option_name = "--dataset_name" if data_args.dataset_name else "--train_file"
+        source = data_args.dataset_name or data_args.train_file
+        raw = _load_source(source, option_name, column)
+        if data_args.domain_column not in raw.column_names:
+            raise UsageError(
+                f"--domain_column {data_args.domain_column}: {source} has no such column (columns: {raw.column_names})"
+            )
+        values = raw[data_args.domain_column]
+        names = sorted({str(value) for value in values})
+        index = {name: i for i, name in enumerate(names)}
+        raw = Dataset.from_dict({"text": raw[column], DOMAIN_COLUMN: [index[str(value)] for value in values]})
+        train, validation = _split(raw, data_args.validation_split_percentage)
+        data = hub_dataset(source) if data_args.dataset_name else local_files(source)
+        return DomainTexts(names, train, validation, data)
+    try:
+        train, validation = ewt_genre_texts("train", data_args.ud_dir), ewt_genre_texts("test", data_args.ud_dir)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--ud_dir: {err}") from err
+    return DomainTexts(list(EWT_GENRES), train, validation, EWT_TRAINING_DATA)
+
+
+STREAM_SAMPLE_TEXTS = 200
+"""Training texts read from each domain's stream before training: checked for data and hashed (the provenance)."""
+
+
+def stream_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
+    """Each ``--domain_files`` source as a stream: its first ``stream_held_out_texts`` texts held out (read now), the
+    rest its training stream."""
+    sources = parse_domain_files(data_args.domain_files)
+    held_out, sample, streams = [], [], []
+    for index, (name, source) in enumerate(sources.items()):
+        stream = _load_source(source, f"--domain_files {name}=", data_args.text_column_name, streaming=True)
+        stream = stream.select_columns([data_args.text_column_name])
+        if data_args.text_column_name != "text":
+            stream = stream.rename_column(data_args.text_column_name, "text")
+        first = [row["text"] for row in stream.take(data_args.stream_held_out_texts)]
+        training = stream.skip(data_args.stream_held_out_texts)
+        held_out.append(Dataset.from_dict({"text": first, DOMAIN_COLUMN: [index] * len(first)}))
+        texts = [row["text"] for row in training.take(STREAM_SAMPLE_TEXTS)]
+        sample.append(Dataset.from_dict({"text": texts, DOMAIN_COLUMN: [index] * len(texts)}))
+        streams.append(training)
+    return DomainTexts(
+        list(sources),
+        concatenate_datasets(sample),
+        concatenate_datasets(held_out),
+        local_files(*sources.values()),
+        streams=streams,
+    )
+
+
+def check_streaming(model_args: CausalModelArguments, data_args: DomainDataArguments, max_steps: int) -> None:
+    """Refuse, naming the option, what a stream of domains cannot do."""
+    if not data_args.domain_files:
+        raise UsageError("--streaming reads --domain_files (one stream per domain); give them")
+    if max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps: a stream has no length")
+    if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
+        raise UsageError(
+            "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name or --model_name_or_path"
+        )
+    if data_args.domain_sampling == "online":
+        raise UsageError(
+            "--streaming draws domains from fixed weights (--domain_weights); --domain_sampling online needs map-style "
+            "data"
+        )
+
+
+def require_every_domain(texts: DomainTexts) -> list[int]:
+    """Texts per domain in the training data; refuse a domain without any training or held-out text."""
+    for split, dataset in (("training", texts.train), ("held-out", texts.validation)):
+        counts = torch.bincount(torch.as_tensor(dataset[DOMAIN_COLUMN], dtype=torch.long), minlength=len(texts.names))
+        empty = [name for name, count in zip(texts.names, counts.tolist(), strict=True) if count == 0]
+        if empty:
+            raise UsageError(
+                f"domain {', '.join(empty)} has no {split} text"
+                + (" (a domain needs at least 2 texts: one is held out)" if split == "held-out" else "")
+            )
+    return torch.bincount(torch.as_tensor(texts.train[DOMAIN_COLUMN]), minlength=len(texts.names)).tolist()
+
+
+def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (GPT-2 style: any text encodes, none is unknown) trained on ``texts``, with
+    ``<s>``, ``</s>`` (end of text), ``<pad>`` and ``<unk>``; deterministic for the same texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer, length=len(texts))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=8192, **SPECIAL_TOKENS)
+
+
+def load_tokenizer(
+    model_args: CausalModelArguments, training_args: MinimaxTrainingArguments, texts: list[str], checkpoint: str | None
+) -> PreTrainedTokenizerFast:
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
+        name = checkpoint  # resuming a from-scratch run: keep its vocabulary
+    if name is not None:
+        option_name = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{option_name} {name}: no tokenizer could be loaded from it ({err})") from err
+        if tokenizer.eos_token is None:
+            raise UsageError(f"{option_name} {name}: the tokenizer has no eos token to end each packed text")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token  # padding is masked out of attention and labels
+        return tokenizer
+    with training_args.main_process_first(local=False, desc="training the BPE tokenizer"):
+        if training_args.process_index == 0:
+            tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size)
+            if training_args.world_size > 1:
+                tokenizer.save_pretrained(training_args.output_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+    return tokenizer
+
+
+def check_causal_checkpoint(name: str) -> None:
+    """Refuse a checkpoint whose architecture AutoModelForCausalLM cannot load, before any data is read."""
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model_name_or_path {name}: {err}") from err
+    causal_names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    architectures = config.architectures or []
+    # an encoder family with a decoder head (BERT's BertLMHeadModel) is causal only when its checkpoint is one
+    in_mapping = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    encoder = in_mapping and bool(architectures) and not set(architectures) & causal_names and not config.is_decoder
+    if not in_mapping or config.is_encoder_decoder or encoder:
+        raise UsageError(
+            f"--model_name_or_path {name} ({config.model_type}, {', '.join(architectures) or 'no architecture'}) is "
+            "not a causal LM; give a decoder checkpoint that AutoModelForCausalLM loads (GPT-2, Llama, Qwen2, ...) or "
+            "leave it unset to train one from scratch"
+        )
+
+
+def load_model(model_args: CausalModelArguments, tokenizer: Any, max_seq_length: int) -> torch.nn.Module:
+    if model_args.model_name_or_path is not None:
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+        return model
+    layers, hidden, heads, kv_heads, intermediate = DECODER_SIZES[model_args.model_size]
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_seq_length,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """SHA-256 of the tokenizer's full definition (vocabulary, merges, normalisation, special tokens)."""
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+def provenance(texts: DomainTexts, tokenizer: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """What domain weights learned by this run depend on: the tokenizer, each domain's training texts and the
+    model's size (a file of weights from another tokenizer, data or size is refused by a run that uses them)."""
+    data = {}
+    for index, name in enumerate(texts.names):
+        data[name] = texts_fingerprint(domain_texts(texts.train, index)["text"])
+    return {"tokenizer_sha256": tokenizer_fingerprint(tokenizer), "data_sha256": data, "model_size": model_size(model)}
+
+
+def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[str, Any]]:
+    """The weights (in domain order) and provenance of a domain-weights file; refuse one whose domains differ."""
+    try:
+        content = json.loads(Path(path).read_text())
+        weights = content["weights"]
+        values = [float(weights[name]) for name in weights]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f'--domain_weights {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
+    if sorted(weights) != sorted(names):
+        raise UsageError(f"--domain_weights {path} has the domains {sorted(weights)}, this run {sorted(names)}")
+    if any(not value >= 0 or value == float("inf") for value in values) or sum(values) <= 0:
+        raise UsageError(f"--domain_weights {path}: weights must be finite, >= 0 and not all 0, got {weights}")
+    return [float(weights[name]) for name in names], content.get("provenance", {})
+
+
+def provenance_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Each way the run that learned the weights (``saved``) differs from this one, in words."""
+    differences = []
+    if saved.get("tokenizer_sha256") not in (None, current["tokenizer_sha256"]):
+        differences.append("another tokenizer")
+    for name, digest in saved.get("data_sha256", {}).items():
+        if current["data_sha256"].get(name) != digest:
+            differences.append(f"other {name} data")
+    if saved.get("model_size") not in (None, current["model_size"]):
+        differences.append(f"another model size ({saved['model_size']} vs {current['model_size']})")
+    return differences
+
+
+class WeightAverageCallback(TrainerCallback, ExportableState):
+    """Sums each optimizer step's domain weights (the sampling weights when domains are drawn online, else the
+    objective's), for the time-averaged weights DoReMi exports. The sum is part of every checkpoint's
+    ``trainer_state.json`` (an ``ExportableState``: written with the rest of the state) and :meth:`load` restores it,
+    so a resumed run averages over all its steps."""
+
+    def __init__(self, schedule: TaskSamplingSchedule | None) -> None:
+        self.schedule, self.trainer = schedule, None
+        self.total: torch.Tensor | None = None
+        self.steps = 0
+
+    def state(self) -> dict[str, Any]:
+        total = None if self.total is None else self.total.tolist()
+        return {"args": {}, "attributes": {"total": total, "steps": self.steps}}
+
+    def load(self, checkpoint: str) -> None:
+        """Restore the sum of a checkpoint's steps (one written without it: a warning, the steps after it only)."""
+        saved = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text()).get("stateful_callbacks", {})
+        if type(self).__name__ not in saved:
+            logger.warning("%s holds no weight average: the averaged weights cover the steps after it only", checkpoint)
+            return
+        attributes = saved[type(self).__name__]["attributes"]
+        self.total = None if attributes["total"] is None else torch.tensor(attributes["total"], dtype=torch.float64)
+        self.steps = attributes["steps"]
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.schedule is not None and not self.schedule.fixed:
+            weights = self.schedule.history[state.global_step]
+        else:
+            weights = self.trainer.step_weights.double().cpu()
+        weights = weights.double() / weights.sum()
+        self.total = weights if self.total is None else self.total + weights
+        self.steps += 1
+
+    def average(self) -> list[float] | None:
+        return None if self.total is None else (self.total / self.steps).tolist()
+
+
+def domain_tasks(
+    names: list[str], sequences: list[int] | list[str], mixture: list[float], report: dict[str, Any]
+) -> TaskFamily:
+    """The card's task family: one row per domain with its training sequences, mixture weight, held-out perplexity."""
+    perplexity = report.get("eval_task_perplexity", {})
+    rows = {
+        name: (str(count), f"{weight:.4f}", f"{perplexity[name]:.2f}" if name in perplexity else "n/a")
+        for name, count, weight in zip(names, sequences, mixture, strict=True)
+    }
+    return TaskFamily(
+        objective="causal language modelling (next-token prediction)",
+        task_split="one per data domain: every packed sequence holds text of a single domain.",
+        table_title="Domains",
+        task_column="domain",
+        columns=("training sequences", "mixture weight", "held-out perplexity"),
+        rows=rows,
+        loss_name="next-token loss",
+        pipeline_tag="text-generation",
+        data_kind="text",
+        usage_title="Text generation",
+        usage=GENERATION_USAGE,
+        notes=(
+            "Mixture weight: each domain's share of the training sequences (natural proportions), or the weights the "
+            "domains were drawn with (from a file, or time-averaged over the steps when drawn online).",
+        ),
+        limitations=("A small decoder trained briefly: its generations are not fluent text.",),
+    )
+
+
+def domain_names_before_parse(argv: list[str]) -> list[str]:
+    """The domains' names, known before the full parse (they are the default ``task_names``, which the strategy's
+    options such as ``--reference_losses`` are checked against): the ``--domain_files`` names, the sorted values of
+    ``--domain_column``, or the UD-EWT genres."""
+    entries = peek_option(argv, "domain_files", nargs="+")
+    if entries:
+        return list(parse_domain_files(entries))
+    column = peek_option(argv, "domain_column")
+    source = peek_option(argv, "dataset_name") or peek_option(argv, "train_file")
+    if column is None or source is None:
+        return list(EWT_GENRES)
+    option_name = "--dataset_name" if peek_option(argv, "dataset_name") else "--train_file"
+    raw = _load_source(source, option_name, peek_option(argv, "text_column_name") or "text")
+    if column not in raw.column_names:
+        raise UsageError(f"--domain_column {column}: {source} has no such column (columns: {raw.column_names})")
+    return sorted({str(value) for value in raw[column]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``robust-pretrain-causal-lm``, ``recipes/pretrain_causal_lm.py``): exit status 2 and one
+    line for a bad option, file, column, domain or checkpoint."""
+    return run_console(run, argv, prog="robust-pretrain-causal-lm")
+
+
+def run(argv: list[str]) -> dict:
+    """Pre-train as ``argv`` says; the held-out metrics and the task report."""
+    parser = OptionParser((CausalModelArguments, DomainDataArguments, MinimaxTrainingArguments), description=__doc__)
+    parser.set_defaults(task_names=domain_names_before_parse(argv), report_to=[], save_total_limit=2)
+    model_args, data_args, training_args = parse_with_config(parser, argv)
+    if model_args.model_name_or_path is not None:
+        check_checkpoint(model_args.model_name_or_path)
+        check_causal_checkpoint(model_args.model_name_or_path)
+    if model_args.tokenizer_name is not None:
+        check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
+
+    if data_args.streaming:
+        check_streaming(model_args, data_args, training_args.max_steps)
+    texts = load_domain_texts(data_args)
+    if list(training_args.task_names) != texts.names:
+        raise UsageError(f"--task_names {training_args.task_names} differ from the data's domains {texts.names}")
+    text_counts = require_every_domain(texts)
+    fixed_weights, saved_provenance = None, None
+    if data_args.domain_weights is not None:
+        fixed_weights, saved_provenance = read_domain_weights(data_args.domain_weights, texts.names)
+    schedule, weighting, callbacks = None, None, []
+    if data_args.domain_sampling == "online" or (fixed_weights is not None and not data_args.streaming):
+        schedule = TaskSamplingSchedule(len(texts.names), fixed_weights=fixed_weights)
+        callbacks.append(TaskSamplingCallback(schedule))
+    if data_args.domain_sampling == "online":
+        try:
+            weighting = TaskSamplingWeighting(training_args.build_weighting(), schedule)
+        except ValueError as err:
+            raise UsageError(f"--domain_sampling online with --weighting {training_args.weighting}: {err}") from err
+
+    setup_logging(training_args, logger)
+    logger.info("domains %s (texts %s) weighting=%s", texts.names, text_counts, training_args.weighting)
+    settings = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
+    settings.update(training_settings(training_args), domains=texts.names)
+    resume_checkpoint = resume_or_refuse(training_args, settings, overwrite=data_args.overwrite_output_dir)
+    set_seed(training_args.seed)
+
+    tokenizer = load_tokenizer(model_args, training_args, texts.train["text"], resume_checkpoint)
+    model = load_model(model_args, tokenizer, data_args.max_seq_length)
+    run_provenance = provenance(texts, tokenizer, model)
+    if saved_provenance is not None:
+        differences = provenance_differences(saved_provenance, run_provenance)
+        if differences and not data_args.allow_weights_mismatch:
+            raise UsageError(
+                f"--domain_weights {data_args.domain_weights} were learned with {', '.join(differences)} than this "
+                "run; learn weights for this setting (robust-pretrain-mixture) or pass --allow_weights_mismatch true"
+            )
+        for difference in differences:
+            logger.warning("--domain_weights were learned with %s than this run (--allow_weights_mismatch)", difference)
+
+    num_domains = len(texts.names)
+    with training_args.main_process_first(desc="tokenizing and packing"):
+        train_sequences = pack_domains(
+            texts.train, tokenizer, num_domains, data_args.max_seq_length, num_proc=data_args.preprocessing_num_workers
+        )
+        eval_sequences = pack_domains(
+            texts.validation, tokenizer, num_domains, data_args.max_seq_length,
+            num_proc=data_args.preprocessing_num_workers,
+        )  # fmt: skip
+    if data_args.max_eval_sequences is not None:
+        keep = [i for d in range(num_domains) for i in _first_rows(eval_sequences, d, data_args.max_eval_sequences)]
+        eval_sequences = eval_sequences.select(keep)
+    sequences = domain_counts(train_sequences, num_domains)  # streamed: of the sample
+    if texts.streams is not None:
+        train_sequences = stream_domains(
+            texts.streams, tokenizer, data_args.max_seq_length, fixed_weights or [1.0] * num_domains,
+            training_args.seed,
+        )  # fmt: skip
+        training_args.accelerator_config.dispatch_batches = False  # every process reads the streams itself
+    collator = DomainCollator(
+        tokenizer.pad_token_id,
+        schedule=schedule,
+        sequences=train_sequences if schedule is not None else None,
+        seed=training_args.seed,
+        rows_per_process=training_args.per_device_train_batch_size,
+        process_index=training_args.process_index,
+        num_processes=training_args.world_size,
+    )
+    averages = WeightAverageCallback(schedule)
+    write_run_config(training_args, settings)
+    trainer = create_trainer(
+        training_args,
+        model=model,
+        train_dataset=DrawSlots(draws_per_epoch(len(train_sequences), training_args))
+        if schedule is not None
+        else train_sequences,
+        eval_dataset=eval_sequences,
+        processing_class=tokenizer,
+        data_collator=collator,
+        weighting=weighting,
+        callbacks=[*callbacks, averages],
+    )
+    averages.trainer = trainer
+    if resume_checkpoint is not None:
+        averages.load(resume_checkpoint)
+    eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
+
+    if fixed_weights is not None:
+        mixture, mixture_kind = [w / sum(fixed_weights) for w in fixed_weights], "file"
+    elif texts.streams is not None:
+        mixture, mixture_kind = [1 / num_domains] * num_domains, "uniform (streamed)"
+    elif data_args.domain_sampling == "online":
+        mixture, mixture_kind = averages.average() or [1 / num_domains] * num_domains, "online time-average"
+    else:
+        mixture, mixture_kind = [count / sum(sequences) for count in sequences], "natural"
+    recipe_settings = {
+        "domain_sampling": "file" if fixed_weights is not None else data_args.domain_sampling,
+        "max_seq_length": data_args.max_seq_length,
+    }
+    stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
+    report = task_report(texts.names, trainer.state.log_history, eval_metrics, stated, trainer.step_weights.tolist())
+    report.update(
+        eval_task_perplexity={
+            name: eval_metrics[f"eval_task_perplexity/{name}"]
+            for name in texts.names
+            if f"eval_task_perplexity/{name}" in eval_metrics
+        },
+        eval_worst_task_perplexity=eval_metrics.get("eval_worst_task_perplexity"),
+        training_sequences=None if texts.streams else dict(zip(texts.names, sequences, strict=True)),
+        mixture_weights=dict(zip(texts.names, mixture, strict=True)),
+        mixture_kind=mixture_kind,
+        time_averaged_weights=dict(zip(texts.names, averages.average() or [], strict=False)),
+        provenance=run_provenance,
+    )
+    perplexities = list(report["eval_task_perplexity"].values())
+    report["eval_mean_task_perplexity"] = sum(perplexities) / len(perplexities) if perplexities else None
+    base = trainer.accelerator.unwrap_model(trainer.model)
+    tokenizer_source = model_args.tokenizer_name or model_args.model_name_or_path
+    content = ModelCardContent(
+        architecture=type(base).__name__,
+        tasks=domain_tasks(texts.names, ["streamed"] * num_domains if texts.streams else sequences, mixture, report),
+        report=report,
+        training_data=texts.training_data,
+        base_model=model_args.model_name_or_path,
+        plot=TRAJECTORY_PLOT_NAME,
+        model_size=model_size(base),
+        tokenizer=checkpoint_tokenizer(tokenizer_source, len(tokenizer))
+        if tokenizer_source
+        else f"a byte-level BPE tokenizer trained on this run's training text (vocabulary of {len(tokenizer)} tokens)",
+    )
+    write_report_and_card(trainer, report, card_renderer(trainer, content))
+    push(trainer)
+    return {**eval_metrics, "report": report}
+
+
+def draws_per_epoch(sequences: int, training_args: MinimaxTrainingArguments) -> int:
+    """An epoch of domain-weighted draws: about as many draws as there are sequences, in whole global batches (so the
+    draws are the same with any number of processes for the same global batch)."""
+    global_batch = training_args.per_device_train_batch_size * training_args.world_size
+    return math.ceil(sequences / global_batch) * global_batch
+
+
+def _first_rows(sequences: Dataset, domain: int, count: int) -> list[int]:
+    rows = [i for i, task in enumerate(sequences["task_ids"]) if task == domain]
+    return rows[:count]
+
+
+__all__ = ["DOMAIN_WEIGHTS_NAME", "CausalModelArguments", "DomainDataArguments", "main", "run"]

@@ -1,0 +1,178 @@
+"""The mixture workflow (reference -> proxy -> domain_weights.json -> main run) on a toy problem whose weights are known
+in closed form, and end to end with the causal-LM recipe (provenance, reuse of finished stages, rounds).
+
+The toy: two domains over disjoint token sets of equal size ``k`` (domain t: tokens uniform on its set ``S_t``),
+``n = (0.2, 0.8)`` of the sequences, and a *unigram* causal LM (one logit per token, no context). Trained on
+``sum_t w_t L_t`` it converges to ``q_v = w_t / k`` on ``S_t``, so ``L_t(w) = log k - log w_t``.
+
+* Reference (natural proportions, plain mean): ``w = n``, so ``ref_t = log k - log n_t``.
+* Excess loss of the proxy: ``e_t(w) = max(L_t - ref_t, 0) = max(log(n_t / w_t), 0)``.
+* ``minimax`` (alpha = 1) sets ``w = softmax(e)`` each step; its fixed point with the model at ``q(w)``:
+  the domain with ``w_t > n_t`` has ``e_t = 0`` (factor ``e^0 = 1``), the other ``e^{e_t} = n_t / w_t``, so
+  ``w_1 = (n_1 / w_1) / (1 + n_1 / w_1)``, i.e. ``w_1^2 + n_1 w_1 - n_1 = 0``:
+  ``w_1 = (-n_1 + sqrt(n_1^2 + 4 n_1)) / 2 = (-0.8 + sqrt(3.84)) / 2 = 0.57980`` and ``w_0 = 0.42020``
+  (consistent: ``w_0 > n_0 = 0.2``, ``w_1 < n_1``).
+* The main run draws domains with those weights, so its unigram model puts mass ``w_t`` on ``S_t``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from datasets import Dataset
+from test_recipe_causal_lm import recipe_argv
+from transformers import HfArgumentParser
+from transformers.modeling_outputs import CausalLMOutput
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.cli import UsageError
+from robust_pretrain.data.domains import DomainCollator, DrawSlots
+from robust_pretrain.pretraining import mixture
+from robust_pretrain.pretraining.causal_lm import WeightAverageCallback, read_domain_weights
+from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule
+
+K, LENGTH, NATURAL = 8, 9, (0.2, 0.8)
+DOMAINS = ["rare", "common"]
+W1 = (-NATURAL[1] + math.sqrt(NATURAL[1] ** 2 + 4 * NATURAL[1])) / 2
+TOY_PROVENANCE = {"tokenizer_sha256": "toy", "data_sha256": {"rare": "a", "common": "b"}, "model_size": {"p": 16}}
+
+
+class UnigramLM(torch.nn.Module):
+    """One logit per token, whatever the context: a causal LM (``loss_type``) whose optimum is known in closed form."""
+
+    loss_type = "ForCausalLM"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.zeros(2 * K))
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs) -> CausalLMOutput:
+        return CausalLMOutput(logits=self.logits.expand(*input_ids.shape, -1))
+
+
+def toy_sequences(count: int, seed: int) -> Dataset:
+    generator = torch.Generator().manual_seed(seed)
+    domains = (torch.rand(count, generator=generator) < NATURAL[1]).long()
+    domains[: int(count * NATURAL[1])] = 1  # exactly the natural shares
+    domains[int(count * NATURAL[1]) :] = 0
+    tokens = torch.randint(0, K, (count, LENGTH), generator=generator) + K * domains[:, None]
+    return Dataset.from_dict({"input_ids": tokens.tolist(), "task_ids": domains.tolist()})
+
+
+def toy_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
+    """The recipe's stage on the toy: the same trainer, sampling and weight averaging, read from the same options."""
+    parser = HfArgumentParser(MinimaxTrainingArguments)
+    args, rest = parser.parse_args_into_dataclasses(
+        [*options, "--output_dir", str(stage_dir), "--task_names", *DOMAINS], return_remaining_strings=True
+    )
+    file = rest[rest.index("--domain_weights") + 1] if "--domain_weights" in rest else None
+    train, held_out = toy_sequences(500, seed=0), toy_sequences(500, seed=1)
+    schedule = None
+    if file is not None:
+        weights, _ = read_domain_weights(file, DOMAINS)
+        schedule = TaskSamplingSchedule(2, fixed_weights=weights)
+    collator = DomainCollator(0, schedule, train if schedule else None, seed=args.seed,
+                              rows_per_process=args.per_device_train_batch_size)  # fmt: skip
+    averages, shares = WeightAverageCallback(schedule), WeightAverageCallback(None)  # shares: the objective's N_t / N
+    model = UnigramLM()
+    trainer = MinimaxTrainer(
+        model=model,
+        args=args,
+        train_dataset=DrawSlots(len(train)) if schedule else train,
+        eval_dataset=held_out,
+        data_collator=collator,
+        callbacks=[averages, shares, *([TaskSamplingCallback(schedule)] if schedule else [])],
+    )
+    averages.trainer = shares.trainer = trainer
+    trainer.train()
+    metrics = trainer.evaluate()
+    mass = torch.softmax(model.logits.detach(), 0).view(2, K).sum(1).tolist()
+    report = {
+        "tasks": DOMAINS,
+        "eval_task_loss": {name: metrics[f"eval_task_loss/{name}"] for name in DOMAINS},
+        "time_averaged_weights": dict(zip(DOMAINS, averages.average(), strict=True)),
+        "mixture_weights": dict(zip(DOMAINS, NATURAL, strict=True)),
+        "provenance": TOY_PROVENANCE,
+        "train_steps": trainer.state.global_step,
+        "model_mass": dict(zip(DOMAINS, mass, strict=True)),
+        "drawn_shares": dict(zip(DOMAINS, shares.average(), strict=True)),
+    }
+    (stage_dir / "task_report.json").write_text(json.dumps(report))  # the Trainer created stage_dir
+    return report
+
+
+TOY_OPTIONS = [
+    "--max_steps", "400", "--per_device_train_batch_size", "50", "--learning_rate", "0.05", "--lr_scheduler_type",
+    "constant", "--save_strategy", "no", "--logging_steps", "50", "--report_to", "none", "--use_cpu", "true",
+    "--disable_tqdm", "true", "--seed", "0", "--alpha", "1.0",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_toy_weights_match_the_closed_form(tmp_path):
+    args = mixture.MixtureArguments(output_dir=str(tmp_path), proxy_objective="minimax")
+    exported = mixture.mixture_workflow(args, toy_stage, TOY_OPTIONS)
+    reference = json.loads((tmp_path / "reference" / "task_report.json").read_text())
+    for name, share in zip(DOMAINS, NATURAL, strict=True):  # ref_t = log k - log n_t
+        assert reference["eval_task_loss"][name] == pytest.approx(math.log(K) - math.log(share), abs=0.03)
+    weights = exported["weights"]
+    assert weights["common"] == pytest.approx(W1, abs=0.02) and weights["rare"] == pytest.approx(1 - W1, abs=0.02)
+    saved = json.loads((tmp_path / "domain_weights.json").read_text())
+    assert saved["weights"] == weights and saved["provenance"]["steps"] == 400
+    assert saved["provenance"]["objective"] == "minimax on the excess loss over the reference"
+    assert saved["provenance"]["reference_losses"] == reference["eval_task_loss"]
+    # the main run drew its sequences with the weights (20,000 draws: standard deviation 0.0035), and its unigram
+    # model puts about their mass on each domain's tokens (Adam's last steps follow the last batches' shares)
+    main = exported["main"]
+    assert main["drawn_shares"]["common"] == pytest.approx(W1, abs=0.015)
+    assert main["model_mass"]["common"] == pytest.approx(W1, abs=0.08)
+
+
+def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_path):
+    calls = []
+
+    def runner(stage_dir: Path, options: list[str]) -> dict[str, Any]:
+        calls.append(stage_dir.name)
+        stage_dir.mkdir(parents=True)
+        report = {"tasks": DOMAINS, "eval_task_loss": {"rare": 2.0, "common": 1.0}, "provenance": TOY_PROVENANCE,
+                  "time_averaged_weights": {"rare": 0.5, "common": 0.5}, "train_steps": 3,
+                  "mixture_weights": {"rare": 0.2, "common": 0.8}}  # fmt: skip
+        (stage_dir / "task_report.json").write_text(json.dumps(report))
+        return report
+
+    args = mixture.MixtureArguments(output_dir=str(tmp_path), rounds=3)
+    exported = mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
+    # round 2 changed the weights by 0 < weights_tolerance: no third round
+    assert calls == ["reference", "proxy-1", "proxy-2", "main"]
+    assert exported["provenance"]["rounds"] == [{"rare": 0.5, "common": 0.5}] * 2
+    assert read_domain_weights(str(tmp_path / "domain_weights.json"), DOMAINS)[0] == [0.5, 0.5]
+    mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
+    assert len(calls) == 4  # every stage reused
+    with pytest.raises(UsageError, match="reference ran with other options \\(--max_steps 3 -> 4\\)"):
+        mixture.mixture_workflow(args, runner, ["--max_steps", "4"])
+
+
+@pytest.mark.slow
+def test_the_mixture_command_runs_every_stage_of_the_causal_lm_recipe(tmp_path):
+    passed = [arg for arg in recipe_argv(tmp_path, "unused") if arg not in ("--output_dir", str(tmp_path / "unused"))]
+    exported = mixture.run(["--output_dir", str(tmp_path / "mix"), *passed])
+    root = tmp_path / "mix"
+    assert sorted(p.name for p in root.iterdir()) == [
+        "domain_weights-1.json", "domain_weights.json", "main", "proxy-1", "reference",
+    ]  # fmt: skip
+    reference = json.loads((root / "reference" / "task_report.json").read_text())
+    assert reference["weighting"] == "proportional" and reference["mixture_kind"] == "natural"
+    proxy = json.loads((root / "proxy-1" / "task_report.json").read_text())
+    assert proxy["settings"]["loss_normalization"] == "excess" and proxy["weighting"] == "group_dro"
+    assert proxy["settings"]["reference_losses"] == [reference["eval_task_loss"][d] for d in reference["tasks"]]
+    assert exported["weights"] == proxy["time_averaged_weights"]
+    # the same tokenizer, data and model: the main run accepts the weights and draws with them
+    assert exported["provenance"]["tokenizer_sha256"] == reference["provenance"]["tokenizer_sha256"]
+    assert exported["main"]["mixture_kind"] == "file"
+    total = sum(exported["weights"].values())
+    assert exported["main"]["mixture_weights"] == pytest.approx({k: v / total for k, v in exported["weights"].items()})
