@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from robust_pretrain.reference import TASK_REPORT_NAME
 from robust_pretrain.reporting.aggregation import worst_task
 from robust_pretrain.reporting.plots import plot_task_trajectories
 
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     from robust_pretrain.trainer import MinimaxTrainer
     from robust_pretrain.training_args import MinimaxTrainingArguments
 
-TASK_REPORT_NAME = "task_report.json"
 TRAJECTORY_PLOT_NAME = "task_weights.png"
 
 
@@ -45,8 +45,11 @@ def task_report(
     eval_metrics: dict[str, float],
     settings: dict[str, Any],
     final_weights: Sequence[float] | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Final weight and held-out loss of every task, with the mean and the worst task.
+    """Final weight and held-out loss of every task, with the mean and the worst task; ``provenance`` (tasks,
+    tokenizer, held-out data: :func:`robust_pretrain.reference.run_provenance`) lets a later run use this one as its
+    ``--reference_run``.
 
     The final weights are those of the last logged step; ``final_weights`` (the weights of the run's last optimizer
     step, ``MinimaxTrainer.step_weights``) replace them when the log history does not reach the last step (the Trainer
@@ -71,6 +74,7 @@ def task_report(
         "worst_task": worst,
         "eval_loss": eval_metrics.get("eval_loss"),
         "train_steps": train_steps,
+        **({"provenance": provenance} if provenance is not None else {}),
     }
 
 
