@@ -13,6 +13,7 @@ import torch
 from ports import free_port
 from processes import checkout_env
 from safetensors.torch import load_file
+from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401  (fixtures; the shared demo run)
 from tiny_training import TASKS, masked_examples, one_step_args, tiny_bert
 
 from robust_pretrain import MinimaxTrainer
@@ -218,3 +219,35 @@ def test_reference_run_names_each_provenance_difference(tmp_path) -> None:
     # the same tokenizer loaded from another path is the same tokenizer
     moved = run_provenance(["a", "b", "c"], "2" * 64, Tokenizer({"y": 0}), tokenizer_name="elsewhere")
     assert run.provenance_problems(moved) == []
+
+
+# ------------------------------------------------------------------------------------------- the recipes
+@pytest.mark.slow
+def test_text_recipe_trains_against_a_reference_run_and_checks_its_provenance(pretrained_run, tmp_path, capsys):  # noqa: F811
+    """The shared demo run is the reference: its report records its provenance; a run of the same recipe on the same
+    data takes its held-out losses as reference_losses; other held-out data or another tokenizer is refused, one line
+    per difference, unless overridden."""
+    from robust_pretrain.pretraining import pos_mlm
+
+    reference_dir, _ = pretrained_run
+    reference = json.loads((reference_dir / "task_report.json").read_text())
+    provenance = reference["provenance"]
+    assert provenance["tasks"] == reference["tasks"] and len(provenance["held_out_data"]) == 64
+    assert len(provenance["tokenizer"]["sha256"]) == 64
+
+    excess = ["--loss_normalization", "excess", "--reference_run", str(reference_dir)]
+    result = pos_mlm.run(argv(tmp_path / "excess", *excess))
+    report = result["report"]
+    assert report["settings"]["reference_losses"] == [reference["eval_task_loss"][t] for t in reference["tasks"]]
+    assert report["provenance"] == provenance
+
+    capsys.readouterr()
+    status = pos_mlm.main(argv(tmp_path / "other", *excess, "--vocab_size", "900", "--max_eval_samples", "64"))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("robust-pretrain-pos-mlm: error: ")]
+    assert status == 2 and len(lines) == 2, err
+    assert "tokenizer differ" in lines[0] and "--reference_mismatch_ok tokenizer" in lines[0]
+    assert "held-out-data differ" in lines[1]
+    allowed = ["--reference_mismatch_ok", "tokenizer", "held_out_data", "--max_steps", "1"]
+    overridden = pos_mlm.run(argv(tmp_path / "overridden", *excess, "--vocab_size", "900", *allowed))
+    assert overridden["report"]["settings"]["reference_losses"] == report["settings"]["reference_losses"]
