@@ -40,7 +40,8 @@ class WeightingArguments:
     )
     alpha_schedule: str = option(
         "constant",
-        "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), Thm 3.1).",
+        "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), after Thm 3.1; a heuristic for deep "
+        "networks, see the docs' objectives page).",
         choices=ALPHA_SCHEDULES,
     )
     weight_floor: float = option(
