@@ -21,6 +21,10 @@ the effective weight ``k / GA * w_t`` on the mean of its micro-batch means: that
 ``step_weights``, the ``task_weight/*`` logs and checkpoints report (``w_t`` itself with ``GA = 1``). A task whose count
 is 0 is absent (its loss, the mean of nothing, may be NaN).
 
+With ``reference_model`` (DoReMi's online excess loss, :mod:`robust_pretrain.reference`) a frozen reference model
+runs without gradient on each step's first micro-batch; its per-task loss sums on the same targets travel in that
+micro-batch's all-reduce, and their pooled means reach the weighting as the step's ``reference_losses``.
+
 Resuming checks that the weighting is built with the options saved in the checkpoint (``ValueError`` naming those
 that differ). In a distributed run the default process group is destroyed at interpreter exit (gloo's worker threads
 otherwise abort the finished process: ``terminate called without an active exception``).

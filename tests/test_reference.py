@@ -251,3 +251,28 @@ def test_text_recipe_trains_against_a_reference_run_and_checks_its_provenance(pr
     allowed = ["--reference_mismatch_ok", "tokenizer", "held_out_data", "--max_steps", "1"]
     overridden = pos_mlm.run(argv(tmp_path / "overridden", *excess, "--vocab_size", "900", *allowed))
     assert overridden["report"]["settings"]["reference_losses"] == report["settings"]["reference_losses"]
+
+
+@pytest.mark.slow
+def test_vision_recipe_trains_against_a_reference_model_and_refuses_other_modalities(tmp_path) -> None:
+    """MM-MAE: a proportional run is the online reference of a minimax excess run (the reference's losses on the
+    same masked patches are in the saved weighting state); a reference with other modalities is refused."""
+    import test_recipe_multimae
+
+    from robust_pretrain.pretraining import multimae
+
+    def run(name: str, *extra: str) -> dict:
+        with test_recipe_multimae.single_thread():
+            return multimae.run(test_recipe_multimae.argv(tmp_path / name, *extra))
+
+    reference = run("reference", "--weighting", "proportional")
+    assert reference["report"]["provenance"]["tasks"] == ["rgb", "depth", "semseg"]
+    excess = ["--loss_normalization", "excess", "--reference_model", str(tmp_path / "reference")]
+    run("online", *excess)
+    state = json.loads((tmp_path / "online" / "weighting_state.json").read_text())
+    assert state["options"]["reference_model"] == str(tmp_path / "reference")
+    assert all(value is not None and value > 0 for value in state["state"]["reference_estimates"])
+    run("two-modalities", "--weighting", "proportional", "--modalities", "rgb", "depth", "--max_steps", "1")
+    other = ["--reference_model", str(tmp_path / "two-modalities"), "--loss_normalization", "excess"]
+    with pytest.raises(UsageError, match="--reference_model .*two-modalities: its modalities .* differs"):
+        run("refused", *other)
