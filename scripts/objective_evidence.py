@@ -147,15 +147,19 @@ def markdown(result: dict) -> str:
 
 
 def plot_frontier(result: dict, path: Path) -> None:
-    """Worst-task score against mean raw loss, one panel per metric; each run a point, seed means ringed."""
+    """Worst-task score against mean raw loss, one panel per metric; each run a small point joined to its arm's seed
+    mean (a large point)."""
     figure, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4.2))
     for axis, metric in zip(axes, METRICS, strict=True):
         for index, (arm, runs) in enumerate(result["arms"].items()):
             color = f"C{index}"
             xs = [runs["seeds"][str(s)]["raw"]["mean"] for s in result["seeds"]]
             ys = [runs["seeds"][str(s)][metric]["worst"] for s in result["seeds"]]
+            mean_x, mean_y = runs["mean"]["raw"]["mean"], runs["mean"][metric]["worst"]
+            for x, y in zip(xs, ys, strict=True):  # each seed joined to its arm's mean
+                axis.plot([x, mean_x], [y, mean_y], color=color, alpha=0.4, linewidth=0.8)
             axis.scatter(xs, ys, color=color, s=18, alpha=0.6)
-            axis.scatter(runs["mean"]["raw"]["mean"], runs["mean"][metric]["worst"], color=color, s=70, label=arm)
+            axis.scatter(mean_x, mean_y, color=color, s=70, label=arm)
         axis.set_xlabel("mean raw held-out loss")
         axis.set_ylabel(f"worst task, {metric}")
         axis.set_title(METRICS[metric], fontsize=9)
