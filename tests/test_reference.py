@@ -276,3 +276,10 @@ def test_vision_recipe_trains_against_a_reference_model_and_refuses_other_modali
     other = ["--reference_model", str(tmp_path / "two-modalities"), "--loss_normalization", "excess"]
     with pytest.raises(UsageError, match="--reference_model .*two-modalities: its modalities .* differs"):
         run("refused", *other)
+
+
+def test_a_non_finite_reference_loss_is_named() -> None:
+    weighting = build_weighting("minimax", 3, loss_normalization="excess", reference_model="ref")
+    every = torch.ones(3, dtype=torch.bool)
+    with pytest.raises(FloatingPointError, match=r"non-finite reference loss for task\(s\) \[1\] at step 0"):
+        weighting.weights(torch.ones(3), every, reference_losses=torch.tensor([1.0, float("nan"), 1.0]))

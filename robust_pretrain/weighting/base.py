@@ -119,7 +119,13 @@ class Weighting(ABC):
             )
         self._observe(task_losses, observed)
         if reference_losses is not None:
-            _ema_update(self.reference_estimates, reference_losses.detach().float().cpu(), observed, self.loss_ema)
+            reference_losses = reference_losses.detach().float().cpu()
+            bad = observed & ~torch.isfinite(reference_losses)
+            if bad.any():
+                raise FloatingPointError(
+                    f"non-finite reference loss for task(s) {torch.nonzero(bad).flatten().tolist()} at step {self.step}"
+                )
+            _ema_update(self.reference_estimates, reference_losses, observed, self.loss_ema)
         estimates = self.estimates.clone()
         unseen = present & estimates.isnan()
         if unseen.any():
