@@ -21,6 +21,10 @@ the effective weight ``k / GA * w_t`` on the mean of its micro-batch means: that
 ``step_weights``, the ``task_weight/*`` logs and checkpoints report (``w_t`` itself with ``GA = 1``). A task whose count
 is 0 is absent (its loss, the mean of nothing, may be NaN).
 
+With ``reference_model`` (DoReMi's online excess loss, :mod:`robust_pretrain.reference`) a frozen reference model
+runs without gradient on each step's first micro-batch; its per-task loss sums on the same targets travel in that
+micro-batch's all-reduce, and their pooled means reach the weighting as the step's ``reference_losses``.
+
 Resuming checks that the weighting is built with the options saved in the checkpoint (``ValueError`` naming those
 that differ). In a distributed run the default process group is destroyed at interpreter exit (gloo's worker threads
 otherwise abort the finished process: ``terminate called without an active exception``).
@@ -61,6 +65,7 @@ from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
 from .causal_lm_loss import ChunkedNextTokenLoss
+from .reference import ReferenceModel
 from .seeding import SetEpochCallback
 from .task_losses import TargetPositionsHead, next_token_targets, per_target_losses, reduce_by_task, target_task_ids
 from .training_args import MinimaxTrainingArguments
@@ -121,6 +126,12 @@ class MinimaxTrainer(Trainer):
         self.mlm_head = TargetPositionsHead.attach(self.model) if sparse_head else None
         #: a causal LM's per-target losses computed chunk by chunk from its hidden states (``causal_lm_chunk_size``)
         self.lm_loss = self._chunked_lm_loss()
+        #: the frozen model of ``reference_model`` (online excess loss), run on each step's first micro-batch
+        self.reference = (
+            ReferenceModel.load(self.args.reference_model, self.model, self.args.device, sparse_head)
+            if self.args.reference_model is not None
+            else None
+        )
         #: the weights of the step's objective over the union of its batches (as logged and checkpointed)
         self.step_weights = torch.zeros(self.num_tasks)
         self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
@@ -203,7 +214,9 @@ class MinimaxTrainer(Trainer):
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         sums, counts, outputs = self._task_sums(model, inputs)
         if model.training:
-            loss = self._weighted_objective(sums, counts)
+            # the weights come from the step's first micro-batch: only there is the reference model's loss needed
+            reference = self._reference_sums(inputs) if self.reference is not None and self._micro_index == 0 else None
+            loss = self._weighted_objective(sums, counts, reference)
             self._train_sums += torch.cat([sums.detach(), counts]).cpu()
         else:
             unique = self._unique_rows(inputs)
@@ -228,8 +241,16 @@ class MinimaxTrainer(Trainer):
         unique = int((owners == rank).sum())
         return None if unique == size else unique
 
-    def _task_sums(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """One forward pass; returns per-task loss sums (with gradient), target counts and the model outputs."""
+    def _reference_sums(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The reference model's per-task loss sums on this micro-batch's targets (no gradient)."""
+        with torch.no_grad():
+            return self._task_sums(self.reference.model, inputs, reference=True)[0]
+
+    def _task_sums(
+        self, model: torch.nn.Module, inputs: dict[str, Any], reference: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One forward pass; returns per-task loss sums (with gradient), target counts and the model outputs.
+        ``reference``: ``model`` is the reference model (its own target-only head)."""
         inputs = dict(inputs)  # the caller's batch stays intact (prediction_step reads its labels)
         task_ids = inputs.pop("task_ids", None)
         if task_ids is None:
@@ -251,17 +272,18 @@ class MinimaxTrainer(Trainer):
         for column in ("labels", "shift_labels"):  # targets never go to the model
             inputs.pop(column, None)
         mask, ids = target_task_ids(labels, task_ids, self.num_tasks)
+        head = self.reference.head if reference else self.mlm_head
         sparse = (
-            self.mlm_head is not None
+            head is not None
             and not self._collecting_predictions  # user code gets logits in the layout of the labels
             and labels.shape == inputs.get("input_ids", labels).shape
         )
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
-        chunked = self.lm_loss is not None and not self._collecting_predictions
+        chunked = self.lm_loss is not None and not reference and not self._collecting_predictions
         if chunked:  # the model returns the logits of its first position only
             context = self.lm_loss.targets(mask, labels[mask], smoothing)
         else:
-            context = self.mlm_head.select(mask) if sparse else nullcontext()
+            context = head.select(mask) if sparse else nullcontext()
         with context:
             outputs = model(**inputs)
         if chunked:
@@ -304,7 +326,9 @@ class MinimaxTrainer(Trainer):
         )
         return sums, torch.tensor(counts, device=device)
 
-    def _weighted_objective(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _weighted_objective(
+        self, sums: torch.Tensor, counts: torch.Tensor, reference_sums: torch.Tensor | None = None
+    ) -> torch.Tensor:
         step_counts = self._step_counts
         per_micro_batch = step_counts is None  # dict-returning model: counts are only known after the forward pass
         if per_micro_batch:
@@ -313,14 +337,22 @@ class MinimaxTrainer(Trainer):
         present = step_counts > 0
         regularizer = None
         if self._micro_index == 0:
-            pooled = self._all_reduce(torch.cat([sums.detach().float(), counts.float()]))
-            pooled_sums, pooled_counts = pooled[: self.num_tasks], pooled[self.num_tasks :]
+            parts = [sums.detach().float(), counts.float()]
+            pooled = self._all_reduce(torch.cat(parts if reference_sums is None else [*parts, reference_sums.float()]))
+            pooled_sums, pooled_counts = pooled[: self.num_tasks], pooled[self.num_tasks : 2 * self.num_tasks]
             observed = pooled_counts > 0
             means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
             self._check_finite(means, observed)
+            extra: dict[str, torch.Tensor] = {}
+            if reference_sums is not None:  # the reference model's means on the same targets (checked on the host)
+                extra["reference_losses"] = torch.where(
+                    observed, pooled[2 * self.num_tasks :] / pooled_counts.clamp_min(1), math.nan
+                )
             grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
             self._rule_weights = (
-                self.weighting.weights(means, present, observed, grad_norms=grad_norms, task_counts=step_counts)
+                self.weighting.weights(
+                    means, present, observed, grad_norms=grad_norms, task_counts=step_counts, **extra
+                )
                 .detach()
                 .cpu()
             )

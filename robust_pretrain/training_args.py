@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
+from .cli import check_checkpoint
 from .options import Accepted, check_options, declare_inherited, declared_defaults, option
+from .reference import PROVENANCE_ENTRIES, ReferenceRun
 from .weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options, build_weighting
 
 logger = logging.getLogger(__name__)
@@ -108,6 +110,20 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         minimum=0,
     )
 
+    reference_run: str | None = option(
+        None,
+        "loss_normalization='excess': take the reference losses from this finished run's task_report.json (its "
+        "held-out per-task losses; typically the same recipe with weighting=proportional). Its provenance (tasks, "
+        "tokenizer, held-out data) must match this run's, see reference_mismatch_ok.",
+        path="dir",
+    )
+    reference_mismatch_ok: list[str] = option(
+        default_factory=list,
+        help="Provenance entries of reference_run allowed to differ from this run's (each difference is otherwise "
+        "refused).",
+        choices=PROVENANCE_ENTRIES,
+    )
+
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting: unknown strategy {self.weighting!r}; choose one of {sorted(WEIGHTINGS)}")
@@ -118,6 +134,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError("task_names: give the names of the upstream tasks, e.g. ['verb', 'noun', ...]")
         if len(set(self.task_names)) != len(self.task_names):
             raise ValueError(f"task_names: names must be unique, got {self.task_names}")
+        self._resolve_reference()
         accepted = accepted_options(self.weighting)
         ignored = [
             name for name, unset in _WEIGHTING_DEFAULTS.items() if name not in accepted and getattr(self, name) != unset
@@ -128,6 +145,33 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"gradnorm_shared_module: not used by weighting={self.weighting!r}")
         # Fail now, naming the field, rather than when the trainer builds the strategy.
         self.build_weighting()
+
+    def _resolve_reference(self) -> None:
+        """Check the reference options; ``reference_run`` fills ``reference_losses`` (in task order)."""
+        if self.reference_mismatch_ok and self.reference_run is None:
+            raise ValueError("reference_mismatch_ok: only used with reference_run")
+        given = [name for name in ("reference_run", "reference_model") if getattr(self, name) is not None]
+        if not given:
+            return
+        if len(given) > 1:
+            raise ValueError("reference_run and reference_model: give one reference (a finished run or a model)")
+        name = given[0]
+        if not WEIGHTINGS[self.weighting].loss_driven:
+            raise ValueError(
+                f"{name}: weighting={self.weighting!r} does not weigh the tasks by their losses, so it cannot use a "
+                "reference; choose a loss-driven strategy (minimax, group_dro, hardmax, morbit, dwa)"
+            )
+        if self.loss_normalization != "excess":
+            raise ValueError(
+                f"{name} is the reference of loss_normalization='excess' (this run has {self.loss_normalization!r}); "
+                "add --loss_normalization excess"
+            )
+        if self.reference_losses is not None:
+            raise ValueError(f"{name} and reference_losses: give one reference")
+        if self.reference_model is not None:
+            check_checkpoint(self.reference_model, "--reference_model")
+        else:
+            self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(self.task_names)
 
     def weighting_options(self) -> dict:
         """The options of the chosen strategy, read from this object's fields."""

@@ -143,6 +143,39 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["--reference_losses must be a finite number, got nan"],
     ),  # fmt: skip
     ("pos-mlm", ["--loss_normalization", "excess"], ["reference_losses"]),
+    # reference-relative objectives (issue 18): the reference run or model, refused before any work
+    ("pos-mlm", ["--loss_normalization", "excess", "--reference_run", "{tmp}/nowhere"], ["--reference_run", "nowhere"]),
+    ("pos-mlm", ["--loss_normalization", "excess", "--reference_run", "{tmp}"], ["{tmp}: no task_report.json"]),
+    ("pos-mlm", ["--reference_run", "{tmp}"], ["reference_run is the reference of", "add --loss_normalization excess"]),
+    (
+        "pos-mlm",
+        ["--weighting", "proportional", "--loss_normalization", "excess", "--reference_model", "{mmae}"],
+        ["reference_model: weighting='proportional' does not weigh the tasks by their losses"],
+    ),
+    (
+        "pos-mlm",
+        ["--loss_normalization", "excess", "--reference_model", "{tmp}/nowhere"],
+        ["--reference_model {tmp}/nowhere: no such checkpoint directory"],
+    ),
+    (
+        "pos-mlm",
+        ["--loss_normalization", "excess", "--reference_model", "{mmae}", "--reference_run", "{tmp}"],
+        ["reference_run and reference_model: give one reference"],
+    ),
+    (
+        "pos-mlm",
+        ["--loss_normalization", "excess", "--reference_model", "{mmae}", "--reference_losses", *"123456789"],
+        ["reference_model and reference_losses: give one reference"],
+    ),
+    ("pos-mlm", ["--reference_mismatch_ok", "tokenizer"], ["reference_mismatch_ok: only used with reference_run"]),
+    ("pos-mlm", ["--reference_mismatch_ok", "vocabulary"], ["--reference_mismatch_ok", "invalid choice"]),
+    (
+        "pos-mlm",
+        ["--masking", "per_example", "--task_sampling", "weights", "--weighting", "minimax"]
+        + ["--loss_normalization", "excess", "--reference_model", "{mmae}"],
+        ["--task_sampling weights", "cannot use --reference_model"],
+    ),
+    ("multimae", ["--loss_normalization", "excess", "--reference_run", "{tmp}"], ["{tmp}: no task_report.json"]),
     ("pos-mlm", ["--weighting", "group_dro", "--dro_step_size", "0"], ["--dro_step_size must be > 0"]),
     ("pos-mlm", ["--weighting", "morbit", "--morbit_step_size", "inf"], ["--morbit_step_size must be a finite"]),
     ("pos-mlm", ["--weighting", "dwa", "--dwa_window", "0"], ["--dwa_window must be a positive integer"]),

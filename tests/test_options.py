@@ -108,4 +108,5 @@ def test_declarations_reach_the_help_and_the_checks(tmp_path: Path) -> None:
     assert args.output_dir == str(tmp_path)  # output_dir stays the first positional field
     expected = {"alpha": 1.0, "alpha_schedule": "constant", "alpha_auto": False, "alpha_auto_k": None}
     expected |= {"weight_floor": 0.0, "loss_ema": 0.0}
-    assert args.weighting_options() == {**expected, "loss_normalization": "raw", "reference_losses": None}
+    expected |= {"loss_normalization": "raw", "reference_losses": None, "reference_model": None}
+    assert args.weighting_options() == expected

@@ -5,6 +5,9 @@ Task 1 is ``A (theta - 1)^2``, tasks 2..T are ``theta^2``. Derivations (ours):
 * average: ``d/dtheta [A (theta-1)^2 + (T-1) theta^2] = 0``  ->  ``theta_avg = A / (A + T - 1)``;
 * minimax: on [0, 1] the first loss decreases and the others increase, so the max is smallest where they cross,
   ``sqrt(A) (1 - theta) = theta``  ->  ``theta* = sqrt(A) / (1 + sqrt(A))`` with worst-case loss ``theta*^2``;
+* the paper's App. C prints ``theta*_max = sqrt(A) / (sqrt(A) - 1)``: that is the other crossing of
+  ``|sqrt(A) (theta - 1)| = |theta|`` (``sqrt(A) (theta - 1) = theta``, outside [0, 1] for A > 1), a sign error; the
+  optimum of the worst case is ``sqrt(A) / (sqrt(A) + 1)`` as derived above and asserted below;
 * worst case of the average solution: ``A ((T-1) / (A+T-1))^2`` (task 1 is the worst when ``A < (T-1)^2``), so the
   ratio of worst cases is ``((T-1)(1+sqrt(A)) / (A+T-1))^2``.
 

@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--weighting", default="minimax")
     parser.add_argument("--loss_ema", type=float, default=0.0)
+    parser.add_argument("--alpha", type=float, default=1.0)
+    parser.add_argument("--reference_model", help="excess loss over this frozen reference model")
     parser.add_argument("--kill_after_save", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--eval_examples", type=int, default=0)
@@ -195,6 +197,8 @@ def main() -> None:
         task_names=TASKS,
         weighting=cli.weighting,
         loss_ema=cli.loss_ema,
+        **({"alpha": cli.alpha} if cli.weighting == "minimax" else {}),
+        **({"loss_normalization": "excess", "reference_model": cli.reference_model} if cli.reference_model else {}),
         per_device_train_batch_size=cli.batch_size,
         per_device_eval_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,

@@ -45,6 +45,7 @@ from robust_pretrain.pretraining.common import (
     train_and_evaluate,
     training_settings,
 )
+from robust_pretrain.reference import check_reference_run, dataset_fingerprint, run_provenance
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.plots import plot_reconstructions
 from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multimae_card_content
@@ -496,6 +497,11 @@ def run(argv: list[str]) -> dict:
     train_collator = mask_collator(training_args.seed)
     collator = HeldOutOrTrainingCollator(train_collator, mask_collator(data_args.eval_masking_seed))
 
+    held_out = dataset_fingerprint(
+        eval_raw, data_args.eval_masking_seed, budget, data_args.mask_alpha, config.image_size, config.patch_size
+    )
+    provenance = run_provenance(task_names, held_out)
+    check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)
     write_run_config(training_args, settings)
     trainer = create_trainer(
         training_args,
@@ -514,7 +520,8 @@ def run(argv: list[str]) -> dict:
         "mask_alpha": data_args.mask_alpha,
     }
     stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
-    report = task_report(task_names, trainer.state.log_history, eval_metrics, stated, trainer.step_weights.tolist())
+    final_weights = trainer.step_weights.tolist()
+    report = task_report(task_names, trainer.state.log_history, eval_metrics, stated, final_weights, provenance)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
     reconstructions = training_args.should_save and data_args.num_reconstructions > 0

@@ -54,6 +54,7 @@ from robust_pretrain.pretraining.common import (
     train_and_evaluate,
     training_settings,
 )
+from robust_pretrain.reference import check_reference_run, dataset_fingerprint, run_provenance
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
@@ -575,6 +576,8 @@ def run(argv: list[str]) -> dict:
         except ValueError as err:
             raise UsageError(f"--task_sampling weights with --weighting {training_args.weighting}: {err}") from err
         callbacks.append(TaskSamplingCallback(schedule))
+        if training_args.reference_model is not None:
+            raise UsageError("--task_sampling weights minimises the plain mean: it cannot use --reference_model")
     check_checkpoint(model_args.model_name_or_path)
     check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
@@ -629,6 +632,14 @@ def run(argv: list[str]) -> dict:
     eval_dataset = premask(
         eval_dataset, collator(data_args.eval_masking_seed), data_args.max_seq_length, tokenizer.pad_token_id
     )
+    tokenizer_name = model_args.tokenizer_name or model_args.model_name_or_path
+    provenance = run_provenance(
+        spec.task_names,
+        dataset_fingerprint(eval_dataset),
+        tokenizer,
+        tokenizer_name or f"WordPiece trained on the training text (vocab_size {model_args.vocab_size})",
+    )
+    check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)
     train_collator = collator(training_args.seed + training_args.process_index, schedule)
     write_run_config(training_args, settings)
     if data_args.streaming:  # every process reads its own files (Accelerate's default would read on process 0 only)
@@ -655,7 +666,7 @@ def run(argv: list[str]) -> dict:
     }
     stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
     final_weights = trainer.step_weights.tolist()
-    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, stated, final_weights)
+    report = task_report(spec.task_names, trainer.state.log_history, eval_metrics, stated, final_weights, provenance)
     output_dir = Path(training_args.output_dir)
     base = trainer.accelerator.unwrap_model(trainer.model)
     unassigned = [tag for tag in UPOS_TAGS if tag not in spec.tag_to_task]

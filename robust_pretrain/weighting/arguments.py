@@ -40,7 +40,8 @@ class WeightingArguments:
     )
     alpha_schedule: str = option(
         "constant",
-        "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), Thm 3.1).",
+        "minimax: 'constant' alpha or 'sqrt' (alpha_k = alpha_0 * sqrt(k+1), after Thm 3.1; a heuristic for deep "
+        "networks, see the docs' objectives page).",
         choices=ALPHA_SCHEDULES,
     )
     weight_floor: float = option(
@@ -50,11 +51,17 @@ class WeightingArguments:
     loss_normalization: str = option(
         "raw",
         "Loss-driven strategies: 'raw' (the paper), 'relative' (L_t / L_t at the first step) or 'excess' "
-        "(max(L_t - reference_t, 0), needs reference_losses).",
+        "(max(L_t - reference_t, 0), needs reference_losses, reference_run or reference_model).",
         choices=LOSS_NORMALIZATIONS,
     )
     reference_losses: list[float] | None = option(
         None, "One reference loss per task, for loss_normalization='excess' (finite numbers)."
+    )
+    reference_model: str | None = option(
+        None,
+        "loss_normalization='excess' against a frozen reference model (DoReMi's online excess loss): a checkpoint of "
+        "the trained model's class with the same vocabulary and tasks, run without gradient in eval mode on each "
+        "optimizer step's first micro-batch; its per-task losses on the same targets are the step's reference.",
     )
     dro_step_size: float = option(0.01, "group_dro: exponentiated-gradient step eta.", above=0)
     dro_smoothing: float = option(1e-3, "group_dro: uniform smoothing eps.", minimum=0, below=1)

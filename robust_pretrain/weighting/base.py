@@ -32,9 +32,12 @@ class Weighting(ABC):
         loss_normalization: how loss-driven strategies see the task losses: ``raw`` (the paper), ``relative``
             (``L_t / L_t^0``, the first estimate of task t) or ``excess`` (``max(L_t - ref_t, 0)``, DoReMi's excess
             loss against a reference model).
-        reference_losses: one reference loss per task, required by ``excess``.
+        reference_losses: one reference loss per task, for ``excess`` (static reference).
         loss_ema: exponential moving average factor ``beta`` of the estimates:
             ``est_t <- beta * est_t + (1 - beta) * L_t`` (0 uses the current step's loss, the paper's rule).
+        reference_model: ``excess`` against a frozen reference model (its path; the trainer runs it): its per-task
+            losses on the same targets, passed to :meth:`weights` at every step as ``reference_losses``, replace
+            static ``reference_losses``; their estimates follow the same EMA, so ``excess_t = max(est_t - ref_t, 0)``.
     """
 
     #: whether the weights follow the task losses (only those accept a loss normalisation and an EMA)
@@ -50,6 +53,7 @@ class Weighting(ABC):
         loss_normalization: str = DEFAULTS.loss_normalization,
         reference_losses: list[float] | None = DEFAULTS.reference_losses,
         loss_ema: float = DEFAULTS.loss_ema,
+        reference_model: str | None = DEFAULTS.reference_model,
     ) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
@@ -58,7 +62,9 @@ class Weighting(ABC):
         )
         if not self.loss_driven and (loss_normalization != "raw" or loss_ema):
             raise ValueError(f"{type(self).__name__} is not loss-driven: loss_normalization and loss_ema do not apply")
-        if loss_normalization == "excess":
+        if reference_model is not None and (loss_normalization != "excess" or reference_losses is not None):
+            raise ValueError("reference_model needs loss_normalization='excess' and no static reference_losses")
+        if loss_normalization == "excess" and reference_model is None:
             if reference_losses is None or len(reference_losses) != num_tasks:
                 raise ValueError(
                     f"loss_normalization='excess' needs reference_losses with one value per task ({num_tasks}), "
@@ -68,6 +74,8 @@ class Weighting(ABC):
         self.loss_normalization = loss_normalization
         self.reference_losses = None if reference_losses is None else torch.tensor(reference_losses).float()
         self.loss_ema = loss_ema
+        self.reference_model = reference_model
+        self.reference_estimates = None if reference_model is None else torch.full((num_tasks,), math.nan)
         self.step = 0
         self.estimates = torch.full((num_tasks,), math.nan)
         self.initial_losses = torch.full((num_tasks,), math.nan)
@@ -80,6 +88,7 @@ class Weighting(ABC):
         observed: torch.Tensor | None = None,
         grad_norms: torch.Tensor | None = None,
         task_counts: torch.Tensor | None = None,
+        reference_losses: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return the weights (shape ``[T]``) for this optimizer step and advance the strategy by one step.
 
@@ -92,6 +101,8 @@ class Weighting(ABC):
                 NaN for a task whose norm was not measured at this step.
             task_counts: the step's number of targets of each task (all micro-batches and processes), for
                 strategies with ``needs_task_counts``.
+            reference_losses: with ``reference_model`` (and only then), the reference model's per-task mean losses on
+                the same targets as ``task_losses``, ``[T]``; entries outside ``observed`` are ignored.
         """
         task_losses = task_losses.detach().float().cpu()
         present = present.detach().bool().cpu()
@@ -101,7 +112,20 @@ class Weighting(ABC):
                 f"expected task_losses and present of shape ({self.num_tasks},), "
                 f"got {tuple(task_losses.shape)} and {tuple(present.shape)}"
             )
+        if (self.reference_model is None) != (reference_losses is None):
+            raise ValueError(
+                "reference_losses are given at each step with a reference_model, and only then "
+                f"(reference_model={self.reference_model!r})"
+            )
         self._observe(task_losses, observed)
+        if reference_losses is not None:
+            reference_losses = reference_losses.detach().float().cpu()
+            bad = observed & ~torch.isfinite(reference_losses)
+            if bad.any():
+                raise FloatingPointError(
+                    f"non-finite reference loss for task(s) {torch.nonzero(bad).flatten().tolist()} at step {self.step}"
+                )
+            _ema_update(self.reference_estimates, reference_losses, observed, self.loss_ema)
         estimates = self.estimates.clone()
         unseen = present & estimates.isnan()
         if unseen.any():
@@ -124,10 +148,7 @@ class Weighting(ABC):
         return w
 
     def _observe(self, task_losses: torch.Tensor, observed: torch.Tensor) -> None:
-        fresh = observed & self.estimates.isnan()
-        self.estimates[fresh] = task_losses[fresh]
-        seen = observed & ~fresh
-        self.estimates[seen] = self.loss_ema * self.estimates[seen] + (1 - self.loss_ema) * task_losses[seen]
+        _ema_update(self.estimates, task_losses, observed, self.loss_ema)
         first = observed & self.initial_losses.isnan()
         self.initial_losses[first] = task_losses[first]
 
@@ -135,6 +156,11 @@ class Weighting(ABC):
         if self.loss_normalization == "relative":
             initial = torch.where(self.initial_losses.isnan(), estimates, self.initial_losses)
             return estimates / initial.clamp_min(1e-12)
+        if self.loss_normalization == "excess" and self.reference_estimates is not None:
+            excess = (estimates - self.reference_estimates).clamp_min(0.0)
+            unseen = excess.isnan()  # no reference measured yet (a task present but not yet observed)
+            known = excess[~unseen]
+            return excess.masked_fill(unseen, float(known.max()) if known.numel() else 0.0)
         if self.loss_normalization == "excess":
             return (estimates - self.reference_losses).clamp_min(0.0)
         return estimates
@@ -201,7 +227,18 @@ class Weighting(ABC):
 
     def _tensor_state(self) -> dict[str, torch.Tensor]:
         """Tensors that make up the state; subclasses extend it."""
-        return {"estimates": self.estimates, "initial_losses": self.initial_losses}
+        state = {"estimates": self.estimates, "initial_losses": self.initial_losses}
+        if self.reference_estimates is not None:
+            state["reference_estimates"] = self.reference_estimates
+        return state
+
+
+def _ema_update(estimates: torch.Tensor, values: torch.Tensor, observed: torch.Tensor, beta: float) -> None:
+    """In place: a first observation sets the estimate, later ones move it by ``est <- beta * est + (1 - beta) * x``."""
+    fresh = observed & estimates.isnan()
+    estimates[fresh] = values[fresh]
+    seen = observed & ~fresh
+    estimates[seen] = beta * estimates[seen] + (1 - beta) * values[seen]
 
 
 def _nan_to_none(values: Any) -> Any:

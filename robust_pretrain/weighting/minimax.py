@@ -4,7 +4,9 @@ Adaptation*.
 ``w = (1 - eps) * softmax(alpha_k * L) + eps / |P|`` over the present tasks P, computed in fp32 on detached loss
 estimates. Stepping along ``sum_t w_t grad L_t`` is gradient descent on the smooth maximum
 ``(1 / alpha) * logsumexp(alpha * L)``, which tends to ``max_t L_t`` as alpha grows. ``alpha_schedule='sqrt'`` uses
-``alpha_k = alpha_0 * sqrt(k + 1)`` (k = optimizer step), the schedule behind the O(1/sqrt(K)) guarantee of Thm 3.1.
+``alpha_k = alpha_0 * sqrt(k + 1)`` (k = optimizer step), after Thm 3.1, whose guarantee needs alpha_k = O~(sqrt(k))
+with a horizon-dependent constant, convex Lipschitz bounded losses, exact gradients and the averaged iterate: for a
+deep network with alpha_0 = 1 the schedule is a heuristic.
 The weights sum to 1 over the present tasks.
 
 Automatic alpha (``alpha_auto``). A fixed alpha means different things for losses of different scales (alpha = 1 on
