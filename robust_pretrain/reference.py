@@ -80,19 +80,20 @@ class ReferenceRun:
     provenance: dict[str, Any] | None
 
     @classmethod
-    def load(cls, directory: str | Path) -> ReferenceRun:
-        """Read ``DIR/task_report.json``; a ``ValueError`` in one line names what is missing or unreadable."""
+    def load(cls, directory: str | Path, option: str = "reference_run") -> ReferenceRun:
+        """Read ``DIR/task_report.json``; a ``ValueError`` in one line, starting with ``option``, names what is
+        missing or unreadable."""
         directory = Path(directory)
         path = directory / TASK_REPORT_NAME
         if not directory.is_dir():
-            raise ValueError(f"reference_run {directory}: no such directory")
+            raise ValueError(f"{option} {directory}: no such directory")
         if not path.is_file():
-            raise ValueError(f"reference_run {directory}: no {TASK_REPORT_NAME} (is it a finished run's output_dir?)")
+            raise ValueError(f"{option} {directory}: no {TASK_REPORT_NAME} (is it a finished run's output_dir?)")
         try:
             report = json.loads(path.read_text())
             losses = {str(name): float(value) for name, value in report["eval_task_loss"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"reference_run {path}: not a task report with eval_task_loss ({err})") from err
+            raise ValueError(f"{option} {path}: not a task report with eval_task_loss ({err})") from err
         return cls(directory, losses, report.get("provenance"))
 
     def reference_losses(self, tasks: Sequence[str]) -> list[float]:

@@ -240,7 +240,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("compare", ["--sweep", "alpah=1,2"], ["--sweep 'alpah' is a setting of none of the strategies"]),
     ("compare", ["--strategies", "minmax"], ["unknown strategy 'minmax'"]),
     ("compare", ["--seeds", "-1"], ["--seeds must be >= 0"]),
-    ("compare", ["--reference_run", "{tmp}"], ["--reference_run {tmp}: it has no task_report.json"]),
+    ("compare", ["--reference_run", "{tmp}"], ["--reference_run {tmp}: no task_report.json"]),
     ("compare", ["--reference_run", "{tmp}/gone"], ["--reference_run {tmp}/gone: no such directory"]),
     ("compare", ["--", "--reference_run", "{tmp}/gone"], ["--reference_run (of every run) {tmp}/gone: no such"]),
     (

@@ -13,12 +13,13 @@ from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401
 from robust_pretrain.data import DEFAULT_POS_TASKS
 from robust_pretrain.pretraining import pos_mlm as recipe
 from robust_pretrain.pretraining.common import summarise_log
+from robust_pretrain.reference import ReferenceRun
 from robust_pretrain.reporting.aggregation import summarize_suite
 from robust_pretrain.reporting.cards import ModelCardContent, pos_tasks, render_model_card
 from robust_pretrain.reporting.plots import frontier_figure, plot_comparison
 from robust_pretrain.reporting.scoring import aggregate_scores, score_line, score_losses, task_mismatch
 from robust_pretrain.reporting.tables import scores_markdown, suite_markdown
-from robust_pretrain.reporting.task_report import read_reference_run, task_report
+from robust_pretrain.reporting.task_report import task_report
 
 
 @dataclass(frozen=True)
@@ -144,14 +145,15 @@ def test_task_mismatch_names_each_difference() -> None:
 
 def test_reference_run_is_read_or_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--reference_run .*: no such directory"):
-        read_reference_run(tmp_path / "missing", "--reference_run")
-    with pytest.raises(ValueError, match="--reference_run .*: it has no task_report.json"):
-        read_reference_run(tmp_path, "--reference_run")
+        ReferenceRun.load(tmp_path / "missing", "--reference_run")
+    with pytest.raises(ValueError, match="--reference_run .*: no task_report.json"):
+        ReferenceRun.load(tmp_path, "--reference_run")
     (tmp_path / "task_report.json").write_text(json.dumps({"tasks": ["a", "b"], "eval_task_loss": {"a": 1.0}}))
-    with pytest.raises(ValueError, match="has no held-out loss for every task"):
-        read_reference_run(tmp_path, "--reference_run")
+    partial = ReferenceRun.load(tmp_path, "--reference_run")
+    with pytest.raises(ValueError, match=r"no held-out loss for task\(s\) \['b'\]"):
+        partial.reference_losses(["a", "b"])
     (tmp_path / "task_report.json").write_text(json.dumps(report(1.0, 2.0)))
-    assert read_reference_run(tmp_path, "--reference_run") == {"a": 1.0, "b": 2.0}
+    assert ReferenceRun.load(tmp_path, "--reference_run").losses == {"a": 1.0, "b": 2.0}
 
 
 def test_task_report_scores_against_the_runs_reference(tmp_path: Path) -> None:
@@ -209,7 +211,7 @@ def test_recipe_run_against_a_reference_reports_its_excess(pretrained_run, tmp_p
     """A tiny PoS run trained with loss_normalization='excess' against the shared demo run's held-out losses: its
     task report, card and console state the signed excess of every task, derived from the two reports."""
     reference_dir, _ = pretrained_run
-    reference = read_reference_run(reference_dir, "reference")
+    reference = ReferenceRun.load(reference_dir).losses
     output_dir = tmp_path / "excess"
     values = [str(reference[task]) for task in reference]
     capfd.readouterr()

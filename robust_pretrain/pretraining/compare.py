@@ -34,11 +34,12 @@ from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse, run_c
 from robust_pretrain.config import load_config_file
 from robust_pretrain.options import declared, path_problem, value_problems
 from robust_pretrain.pretraining.common import file_fingerprint, peek_option
+from robust_pretrain.reference import ReferenceRun
 from robust_pretrain.reporting.aggregation import aggregate_runs, restrict_to_common_tasks
 from robust_pretrain.reporting.plots import plot_comparison
 from robust_pretrain.reporting.scoring import aggregate_scores, task_mismatch
 from robust_pretrain.reporting.tables import comparison_markdown, scores_markdown
-from robust_pretrain.reporting.task_report import TASK_REPORT_NAME, read_reference_run
+from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, WeightingArguments, accepted_options
 
@@ -231,7 +232,7 @@ def run(argv: list[str]) -> dict:
     if reference_run is not None:
         option = "--reference_run" if cli.reference_run else "--reference_run (of every run)"
         try:
-            reference = read_reference_run(reference_run, option)
+            reference = ReferenceRun.load(reference_run, option).losses
         except ValueError as err:
             problems.append(str(err))
     refuse(problems)

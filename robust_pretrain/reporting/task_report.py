@@ -83,21 +83,6 @@ def task_report(
     }
 
 
-def read_reference_run(run_dir: str | Path, option: str) -> dict[str, float]:
-    """The held-out loss per task of a finished run (its ``task_report.json``); ``ValueError`` naming ``option``
-    when the directory holds no readable report with held-out losses."""
-    path = Path(run_dir) / TASK_REPORT_NAME
-    if not path.is_file():
-        where = "no such directory" if not Path(run_dir).is_dir() else f"it has no {TASK_REPORT_NAME}"
-        raise ValueError(f"{option} {run_dir}: {where} (give the output_dir of a finished pre-training run)")
-    try:
-        report = json.loads(path.read_text())
-        losses = {task: float(report["eval_task_loss"][task]) for task in report["tasks"]}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{option} {run_dir}: {TASK_REPORT_NAME} has no held-out loss for every task ({err})") from err
-    return losses
-
-
 def write_task_report(report: dict[str, Any], output_dir: str | Path) -> Path:
     path = Path(output_dir) / TASK_REPORT_NAME
     path.write_text(json.dumps(report, indent=2) + "\n")
