@@ -521,3 +521,12 @@ def test_resume_with_other_weighting_options_is_refused_naming_them(tmp_path, ch
     resumed = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path, **same), train_dataset=dataset)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 4
+
+
+def test_task_id_out_of_range_is_refused_without_a_host_sync(tmp_path):
+    """A target's task id >= T fails the asynchronous device check (on the CPU at once), naming the problem."""
+    trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path))
+    batch = masked_examples(4)
+    batch["task_ids"] = torch.where(batch["task_ids"] == 2, len(TASKS), batch["task_ids"])
+    with pytest.raises(RuntimeError, match=r"task_ids: a target's task id is >= the 3 tasks"):
+        one_step(trainer, batch)

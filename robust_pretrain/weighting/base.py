@@ -93,24 +93,25 @@ class Weighting(ABC):
             task_counts: the step's number of targets of each task (all micro-batches and processes), for
                 strategies with ``needs_task_counts``.
         """
-        task_losses = task_losses.detach().float().cpu()
-        present = present.detach().bool().cpu()
-        observed = present if observed is None else observed.detach().bool().cpu() & present
         if task_losses.shape != (self.num_tasks,) or present.shape != (self.num_tasks,):
             raise ValueError(
                 f"expected task_losses and present of shape ({self.num_tasks},), "
                 f"got {tuple(task_losses.shape)} and {tuple(present.shape)}"
             )
+        if self.needs_task_counts and (task_counts is None or task_counts.shape != (self.num_tasks,)):
+            raise ValueError(
+                f"{type(self).__name__} needs task_counts of shape ({self.num_tasks},), got {task_counts!r}"
+            )
+        counts = task_counts if self.needs_task_counts else None
+        task_losses, present, observed, counts = _to_host(task_losses, present, observed, counts)
+        present = present.bool()
+        observed = present if observed is None else observed.bool() & present
         self._observe(task_losses, observed)
         estimates = self.estimates.clone()
         unseen = present & estimates.isnan()
         if unseen.any():
             known = estimates[~estimates.isnan()]
             estimates[unseen] = known.max() if known.numel() else 0.0
-        if self.needs_task_counts and (task_counts is None or task_counts.shape != (self.num_tasks,)):
-            raise ValueError(
-                f"{type(self).__name__} needs task_counts of shape ({self.num_tasks},), got {task_counts!r}"
-            )
         if not present.any():
             w = torch.zeros(self.num_tasks)
         else:
@@ -118,7 +119,7 @@ class Weighting(ABC):
             if self.needs_grad_norms:
                 kwargs["grad_norms"] = grad_norms
             if self.needs_task_counts:
-                kwargs["task_counts"] = task_counts.detach().float().cpu()
+                kwargs["task_counts"] = counts
             w = self._weights(self._normalize(estimates), present, **kwargs)
         self.step += 1
         return w
@@ -202,6 +203,14 @@ class Weighting(ABC):
     def _tensor_state(self) -> dict[str, torch.Tensor]:
         """Tensors that make up the state; subclasses extend it."""
         return {"estimates": self.estimates, "initial_losses": self.initial_losses}
+
+
+def _to_host(*vectors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The ``[T]`` vectors (``None`` stays ``None``) as float32 host tensors, in one device->host transfer."""
+    given = [vector for vector in vectors if vector is not None]
+    device = given[0].device
+    host = iter(torch.stack([vector.detach().to(device, torch.float32) for vector in given]).cpu().unbind())
+    return [None if vector is None else next(host) for vector in vectors]
 
 
 def _nan_to_none(values: Any) -> Any:
