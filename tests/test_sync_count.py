@@ -20,6 +20,7 @@ from tiny_vision import random_batch, tiny_config
 from transformers import Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.task_losses import TaskTargets
 from robust_pretrain.vision import MultiMAEForPreTraining
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
@@ -123,3 +124,21 @@ def test_counter_counts_device_syncs_and_host_transfers_but_not_host_bookkeeping
         batch.tolist()  # transfer: 1
         torch.zeros(3).index_add_(0, batch.clamp_min(0)[0] % 3, torch.ones(3))  # scatter-add on the device: none
     assert dict(counter.counts) == {"index (boolean mask)": 1, "_local_scalar_dense": 1, "cpu()": 1, "tolist()": 1}
+
+
+@pytest.mark.parametrize("example_level", [False, True])
+def test_task_targets_equal_the_boolean_mask_selection(example_level):
+    """Counts, ids, gathered labels and logits of TaskTargets equal the boolean-mask selection they replace."""
+    batch = masked_examples(6, seed=3)
+    labels = batch["labels"]
+    task_ids = torch.tensor([2, -1, 0, 1, 1, 0]) if example_level else batch["task_ids"]
+    targets = TaskTargets(labels, task_ids, len(TASKS))
+    full_ids = task_ids[:, None].expand_as(labels) if example_level else task_ids
+    mask = (full_ids >= 0) & (labels != -100)
+    assert torch.equal(targets.mask, mask)
+    assert torch.equal(targets.ids, full_ids[mask])
+    assert torch.equal(targets.gather(labels), labels[mask])
+    logits = torch.randn(*labels.shape, 5)
+    assert torch.equal(targets.gather(logits), logits[mask])
+    expected = torch.stack([(full_ids[mask] == t).sum() for t in range(len(TASKS))]).float()
+    assert torch.equal(targets.counts(), expected)
