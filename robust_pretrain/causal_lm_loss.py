@@ -235,10 +235,17 @@ class ChunkedNextTokenLoss:
         return cls(base, head, chunk_size)
 
     @contextmanager
-    def targets(self, mask: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.0) -> Iterator[None]:
+    def targets(
+        self,
+        mask: torch.Tensor,
+        targets: torch.Tensor,
+        smoothing: float = 0.0,
+        positions: torch.Tensor | None = None,
+    ) -> Iterator[None]:
         """Within the block, the model's forward pass computes the losses of ``targets`` (the labels at the positions
-        where ``mask`` ``[batch, seq]`` is true, in that order); read them with :meth:`losses`."""
-        self._request, self._losses = (mask, targets, smoothing), None
+        where ``mask`` ``[batch, seq]`` is true, in that order; ``positions``: their flat indices, which spare the
+        boolean-mask selection its host sync); read them with :meth:`losses`."""
+        self._request, self._losses = (mask, targets, smoothing, positions), None
         try:
             yield
         finally:
@@ -260,7 +267,7 @@ class ChunkedNextTokenLoss:
     def _compute_losses(self, module: torch.nn.Module, args: tuple) -> tuple | None:
         if self._request is None or not args or not torch.is_tensor(args[0]):
             return None
-        mask, targets, smoothing = self._request
+        mask, targets, smoothing, positions = self._request
         hidden = args[0]
         if hidden.dim() != 3 or hidden.shape[:2] != mask.shape:
             return None
@@ -269,7 +276,8 @@ class ChunkedNextTokenLoss:
                 f"{OPTION}: the output embeddings of {self.model_name} ran twice in one forward pass (more than one "
                 f"next-token head); set {OPTION}=0"
             )
-        self._losses = chunked_head_losses(hidden[mask], module, targets, self.chunk_size, self.transform, smoothing)
+        selected = hidden[mask] if positions is None else hidden.flatten(0, 1).index_select(0, positions)
+        self._losses = chunked_head_losses(selected, module, targets, self.chunk_size, self.transform, smoothing)
         first_position = hidden[:, :1]
         if not self.verified:
             with torch.no_grad():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,27 +12,64 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
-def target_task_ids(labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(mask, ids)``: which elements of ``labels`` are targets, and the task id of each target.
+class TaskTargets:
+    """The targets of one micro-batch and their tasks, computed once and shared by the counting, the forward pass and
+    the per-task reduction, with one device->host synchronisation (:attr:`positions`, the targets' number).
 
     ``task_ids`` is either token-level (same shape as ``labels``) or example-level (shape ``[batch]``, broadcast over
     the remaining label dimensions). A target is an element whose task id is ``>= 0`` and, for integer labels, whose
-    label is not ``-100``.
+    label is not ``-100``. Task ids ``>= num_tasks`` fail an asynchronous device check (on the CPU: at once).
     """
-    if task_ids.shape != labels.shape:
-        if task_ids.dim() != 1 or task_ids.shape[0] != labels.shape[0]:
-            raise ValueError(
-                f"task_ids must have the shape of labels {tuple(labels.shape)} (token-level) or "
-                f"[{labels.shape[0]}] (example-level), got {tuple(task_ids.shape)}"
-            )
-        task_ids = task_ids.view(-1, *([1] * (labels.dim() - 1))).expand_as(labels)
-    mask = task_ids >= 0
-    if not labels.is_floating_point():
-        mask &= labels != IGNORE_INDEX
-    ids = task_ids[mask]
-    if ids.numel() and int(ids.max()) >= num_tasks:
-        raise ValueError(f"task id {int(ids.max())} is out of range for {num_tasks} tasks")
-    return mask, ids
+
+    def __init__(self, labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> None:
+        if task_ids.shape != labels.shape:
+            if task_ids.dim() != 1 or task_ids.shape[0] != labels.shape[0]:
+                raise ValueError(
+                    f"task_ids must have the shape of labels {tuple(labels.shape)} (token-level) or "
+                    f"[{labels.shape[0]}] (example-level), got {tuple(task_ids.shape)}"
+                )
+            task_ids = task_ids.view(-1, *([1] * (labels.dim() - 1))).expand_as(labels)
+        mask = task_ids >= 0
+        if not labels.is_floating_point():
+            mask &= labels != IGNORE_INDEX
+        # no host sync: a failed check surfaces at the device's next synchronisation
+        torch._assert_async(
+            ~(mask & (task_ids >= num_tasks)).any(), f"task_ids: a target's task id is >= the {num_tasks} tasks"
+        )
+        self.labels = labels
+        self.mask = mask
+        self.num_tasks = num_tasks
+        #: each element's task id, ``num_tasks`` for non-targets (an extra bucket, dropped from the counts)
+        self.buckets = torch.where(mask, task_ids, num_tasks).flatten()
+
+    def counts(self) -> torch.Tensor:
+        """Targets per task, ``[num_tasks]`` float, counted on the labels' device (no sync)."""
+        ones = torch.ones_like(self.buckets, dtype=torch.float32)
+        return ones.new_zeros(self.num_tasks + 1).index_add_(0, self.buckets, ones)[: self.num_tasks]
+
+    @functools.cached_property
+    def positions(self) -> torch.Tensor:
+        """Flat indices of the targets (row-major, the order of ``labels[mask]``): the step's one sync per
+        micro-batch, as for any sparse-prediction head (the number of targets sets the shapes)."""
+        return self.mask.flatten().nonzero().squeeze(1)
+
+    @functools.cached_property
+    def ids(self) -> torch.Tensor:
+        """The task id of each target, in the order of :attr:`positions`."""
+        return self.buckets[self.positions]
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """The rows of ``values`` (shaped ``labels.shape + trailing``) at the targets: ``values[mask]`` without a
+        boolean mask (an index gather, whose backward is a scatter-add)."""
+        trailing = values.shape[self.mask.dim() :]
+        return values.reshape(-1, *trailing).index_select(0, self.positions)
+
+
+def target_task_ids(labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(mask, ids)``: which elements of ``labels`` are targets, and the task id of each target (see
+    :class:`TaskTargets`, which computes them once per micro-batch)."""
+    targets = TaskTargets(labels, task_ids, num_tasks)
+    return targets.mask, targets.ids
 
 
 def next_token_targets(
@@ -65,9 +103,10 @@ def per_target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothin
 
 
 def reduce_by_task(losses: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum the per-target losses and count the targets of each task (scatter-add), both of shape ``[num_tasks]``."""
+    """Sum the per-target losses and count the targets of each task (scatter-adds on the losses' device, no sync),
+    both of shape ``[num_tasks]``."""
     sums = losses.new_zeros(num_tasks).index_add(0, task_ids, losses)
-    counts = torch.bincount(task_ids, minlength=num_tasks).to(losses.dtype)
+    counts = losses.new_zeros(num_tasks).index_add(0, task_ids, torch.ones_like(losses))
     return sums, counts
 
 
@@ -93,6 +132,7 @@ class TargetPositionsHead:
 
     def __init__(self, head: torch.nn.Module) -> None:
         self._mask: torch.Tensor | None = None
+        self._positions: torch.Tensor | None = None
         self._handle = head.register_forward_pre_hook(self._keep_targets)
 
     @classmethod
@@ -108,16 +148,19 @@ class TargetPositionsHead:
         hidden = args[0]
         if hidden.shape[:-1] != self._mask.shape:
             return None
-        return (hidden[self._mask], *args[1:])
+        if self._positions is None:
+            return (hidden[self._mask], *args[1:])
+        return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._positions), *args[1:])
 
     @contextmanager
-    def select(self, mask: torch.Tensor | None) -> Iterator[None]:
-        """Within the block, the head sees only the rows where ``mask`` is true."""
-        self._mask = mask
+    def select(self, mask: torch.Tensor | None, positions: torch.Tensor | None = None) -> Iterator[None]:
+        """Within the block, the head sees only the rows where ``mask`` is true; given ``positions`` (the flat indices
+        of those rows, :attr:`TaskTargets.positions`) it gathers them by index, without a boolean mask's sync."""
+        self._mask, self._positions = mask, positions
         try:
             yield
         finally:
-            self._mask = None
+            self._mask = self._positions = None
 
     def remove(self) -> None:
         self._handle.remove()

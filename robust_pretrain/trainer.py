@@ -67,7 +67,7 @@ from transformers.utils import logging
 from .causal_lm_loss import ChunkedNextTokenLoss
 from .reference import ReferenceModel
 from .seeding import SetEpochCallback
-from .task_losses import TargetPositionsHead, next_token_targets, per_target_losses, reduce_by_task, target_task_ids
+from .task_losses import TargetPositionsHead, TaskTargets, next_token_targets, per_target_losses, reduce_by_task
 from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
 
@@ -135,11 +135,18 @@ class MinimaxTrainer(Trainer):
         #: the weights of the step's objective over the union of its batches (as logged and checkpointed)
         self.step_weights = torch.zeros(self.num_tasks)
         self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
+        self._device_rule_weights = self._rule_weights.to(self.args.device)  # the same, where the losses are
         self._step_counts: torch.Tensor | None = None
         self._micro_index = 0
+        #: each prefetched micro-batch's targets, by the identity of its ``labels`` (computed once per micro-batch)
+        self._batch_targets: dict[int, tuple[torch.Tensor, TaskTargets]] = {}
+        #: device-side bookkeeping of the step's later micro-batches, read at its last one (see _weighted_objective)
+        self._later_nonfinite: torch.Tensor | None = None
+        self._later_presence: torch.Tensor | None = None
         # Running per-task (loss sums, counts) in float64: batch sums add up exactly, whatever the order of the
-        # batches and processes, so 2-process eval losses equal the 1-process ones.
-        self._train_sums = torch.zeros(2 * self.num_tasks, dtype=torch.float64)
+        # batches and processes, so 2-process eval losses equal the 1-process ones. The training sums stay on the
+        # device until a log reads them.
+        self._train_sums = torch.zeros(2 * self.num_tasks, dtype=torch.float64, device=self.args.device)
         self._eval_sums = torch.zeros(2 * self.num_tasks, dtype=torch.float64)
         self._collecting_predictions = False
         self._shared_params: list[torch.nn.Parameter] | None = None
@@ -193,16 +200,26 @@ class MinimaxTrainer(Trainer):
         self._signature_columns += [c for c in TASK_COLUMNS if c not in self._signature_columns]
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device) -> tuple[list, Any]:
-        """Prefetch the step's micro-batches (as the Trainer does) and count each task's targets over all processes."""
+        """Prefetch the step's micro-batches (as the Trainer does), find each one's targets once (reused by
+        :meth:`compute_loss`) and count each task's targets over all processes, all on the device (no host sync)."""
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         counts = torch.zeros(self.num_tasks, device=device)
         with_ids = [b for b in batch_samples if "task_ids" in b and "labels" in b]
+        self._batch_targets = {}
         for batch in with_ids:
-            _, ids = target_task_ids(*self._targets(batch), self.num_tasks)
-            counts += torch.bincount(ids.to(device), minlength=self.num_tasks).float()
+            targets = TaskTargets(*self._targets(batch), self.num_tasks)
+            self._batch_targets[id(batch["labels"])] = (batch["labels"], targets)
+            counts += targets.counts().to(device)
         self._step_counts = self._all_reduce(counts) if with_ids else None
         self._micro_index = 0
         return batch_samples, num_items_in_batch
+
+    def _task_targets(self, batch: dict[str, Any]) -> TaskTargets:
+        """The batch's targets: those :meth:`get_batch_samples` found for this very ``labels`` tensor, else new."""
+        labels, targets = self._batch_targets.get(id(batch["labels"]), (None, None))
+        if labels is batch["labels"]:
+            return targets
+        return TaskTargets(*self._targets(batch), self.num_tasks)
 
     # ---------------------------------------------------------------------------------------------------- loss
     def compute_loss(
@@ -217,7 +234,7 @@ class MinimaxTrainer(Trainer):
             # the weights come from the step's first micro-batch: only there is the reference model's loss needed
             reference = self._reference_sums(inputs) if self.reference is not None and self._micro_index == 0 else None
             loss = self._weighted_objective(sums, counts, reference)
-            self._train_sums += torch.cat([sums.detach(), counts]).cpu()
+            self._train_sums += torch.cat([sums.detach(), counts]).to(self._train_sums.device)
         else:
             unique = self._unique_rows(inputs)
             if unique is not None:  # the batch ends with repeats that complete the last distributed batch
@@ -268,10 +285,10 @@ class MinimaxTrainer(Trainer):
             return (*self._sums_from_dict(task_losses, outputs.get("task_counts")), outputs)
         if "labels" not in inputs:
             raise ValueError("batch has `task_ids` but no `labels`")
-        labels, task_ids = self._targets({**inputs, "task_ids": task_ids})
+        targets = self._task_targets({**inputs, "task_ids": task_ids})
+        labels = targets.labels
         for column in ("labels", "shift_labels"):  # targets never go to the model
             inputs.pop(column, None)
-        mask, ids = target_task_ids(labels, task_ids, self.num_tasks)
         head = self.reference.head if reference else self.mlm_head
         sparse = (
             head is not None
@@ -281,9 +298,9 @@ class MinimaxTrainer(Trainer):
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         chunked = self.lm_loss is not None and not reference and not self._collecting_predictions
         if chunked:  # the model returns the logits of its first position only
-            context = self.lm_loss.targets(mask, labels[mask], smoothing)
+            context = self.lm_loss.targets(targets.mask, targets.gather(labels), smoothing, targets.positions)
         else:
-            context = head.select(mask) if sparse else nullcontext()
+            context = head.select(targets.mask, targets.positions) if sparse else nullcontext()
         with context:
             outputs = model(**inputs)
         if chunked:
@@ -291,11 +308,11 @@ class MinimaxTrainer(Trainer):
         else:
             logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
             if logits.shape[:-1] == labels.shape:
-                logits = logits[mask]
-            elif logits.shape[0] != ids.numel():
+                logits = targets.gather(logits)
+            elif logits.shape[0] != targets.positions.numel():
                 raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
-            losses = per_target_losses(logits, labels[mask], smoothing)
-        sums, counts = reduce_by_task(losses, ids, self.num_tasks)
+            losses = per_target_losses(logits, targets.gather(labels), smoothing)
+        sums, counts = reduce_by_task(losses, targets.ids, self.num_tasks)
         return sums, counts, outputs
 
     def _targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,6 +346,10 @@ class MinimaxTrainer(Trainer):
     def _weighted_objective(
         self, sums: torch.Tensor, counts: torch.Tensor, reference_sums: torch.Tensor | None = None
     ) -> torch.Tensor:
+        """This micro-batch's share of the step's objective; ``reference_sums``: the reference model's per-task loss
+        sums on the same targets (first micro-batch only). Host synchronisation: one device->host transfer at the
+        step's first micro-batch (the weighting's inputs), one at its last (the later micro-batches' finiteness and,
+        for a ``task_losses`` model, task presence), none in between."""
         step_counts = self._step_counts
         per_micro_batch = step_counts is None  # dict-returning model: counts are only known after the forward pass
         if per_micro_batch:
@@ -339,37 +360,57 @@ class MinimaxTrainer(Trainer):
         if self._micro_index == 0:
             parts = [sums.detach().float(), counts.float()]
             pooled = self._all_reduce(torch.cat(parts if reference_sums is None else [*parts, reference_sums.float()]))
-            pooled_sums, pooled_counts = pooled[: self.num_tasks], pooled[self.num_tasks : 2 * self.num_tasks]
+            host = torch.cat([pooled, step_counts.float()]).cpu()  # the step's one transfer of the weighting inputs
+            pooled_sums, pooled_counts = host[: self.num_tasks], host[self.num_tasks : 2 * self.num_tasks]
+            host_step_counts = host[-self.num_tasks :]
             observed = pooled_counts > 0
             means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
             self._check_finite(means, observed)
             extra: dict[str, torch.Tensor] = {}
             if reference_sums is not None:  # the reference model's means on the same targets (checked on the host)
-                extra["reference_losses"] = torch.where(
-                    observed, pooled[2 * self.num_tasks :] / pooled_counts.clamp_min(1), math.nan
-                )
+                reference_means = host[2 * self.num_tasks : 3 * self.num_tasks] / pooled_counts.clamp_min(1)
+                extra["reference_losses"] = torch.where(observed, reference_means, math.nan)
             grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
+            host_present = host_step_counts > 0
             self._rule_weights = (
                 self.weighting.weights(
-                    means, present, observed, grad_norms=grad_norms, task_counts=step_counts, **extra
+                    means, host_present, observed, grad_norms=grad_norms, task_counts=host_step_counts, **extra
                 )
                 .detach()
                 .cpu()
             )
-            self.step_weights = torch.zeros(self.num_tasks) if per_micro_batch else self._rule_weights
-            regularizer = self.weighting.regularizer(present)
+            self._device_rule_weights = self._rule_weights.to(sums.device)
+            if per_micro_batch:  # effective weight: w_t / GA for each micro-batch where task t is present
+                self.step_weights = self._rule_weights * host_present / self.current_gradient_accumulation_steps
+            else:
+                self.step_weights = self._rule_weights
+            self._later_nonfinite = torch.zeros(self.num_tasks, dtype=torch.bool, device=sums.device)
+            self._later_presence = torch.zeros(self.num_tasks, device=sums.device)
+            regularizer = self.weighting.regularizer(host_present)
         else:
-            self._check_finite(sums.detach() / counts.clamp_min(1), counts > 0)
-        if per_micro_batch:  # effective weight: w_t / GA for each micro-batch where task t is present
-            self.step_weights = self.step_weights + self._rule_weights * present.cpu() / (
-                self.current_gradient_accumulation_steps
-            )
+            self._later_nonfinite |= (counts > 0) & ~torch.isfinite(sums.detach() / counts.clamp_min(1))
+            self._later_presence += present
+            if self._micro_index == self.current_gradient_accumulation_steps - 1:
+                self._check_later_micro_batches(per_micro_batch)
         self._micro_index += 1
-        weights = self.weighting.differentiable_weights(self._rule_weights, present).to(sums.device)
+        weights = self.weighting.differentiable_weights(self._device_rule_weights, present)
         loss = (weights * sums / step_counts.clamp_min(1)).sum() * self.accelerator.num_processes
         return loss if regularizer is None else loss + regularizer
 
+    def _check_later_micro_batches(self, per_micro_batch: bool) -> None:
+        """At the step's last micro-batch (before its backward pass): one transfer of the later micro-batches'
+        non-finite task flags and, for a ``task_losses`` model, of the number of them each task was present in
+        (effective weight ``w_t * k_t / GA``, see the module docstring)."""
+        host = torch.cat([self._later_nonfinite.float(), self._later_presence]).cpu()
+        nonfinite, presence = host.split(self.num_tasks)
+        self._check_finite(torch.where(nonfinite > 0, math.nan, 0.0), nonfinite > 0)
+        if per_micro_batch:
+            self.step_weights = self.step_weights + self._rule_weights * presence / (
+                self.current_gradient_accumulation_steps
+            )
+
     def _check_finite(self, task_means: torch.Tensor, observed: torch.Tensor) -> None:
+        """Raise ``FloatingPointError`` naming the observed tasks whose mean loss is not finite (host tensors)."""
         bad = observed & ~torch.isfinite(task_means)
         if bad.any():
             names = [self.task_names[i] for i in torch.nonzero(bad).flatten().tolist()]

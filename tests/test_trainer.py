@@ -521,3 +521,30 @@ def test_resume_with_other_weighting_options_is_refused_naming_them(tmp_path, ch
     resumed = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path, **same), train_dataset=dataset)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 4
+
+
+def test_task_id_out_of_range_is_refused_without_a_host_sync(tmp_path):
+    """A target's task id >= T fails the asynchronous device check (on the CPU at once), naming the problem."""
+    trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path))
+    batch = masked_examples(4)
+    batch["task_ids"] = torch.where(batch["task_ids"] == 2, len(TASKS), batch["task_ids"])
+    with pytest.raises(RuntimeError, match=r"task_ids: a target's task id is >= the 3 tasks"):
+        one_step(trainer, batch)
+
+
+def test_non_finite_task_loss_in_a_later_micro_batch_is_caught_before_the_step_ends(tmp_path):
+    """The later micro-batches' finiteness is read once, at the step's last micro-batch (before its backward)."""
+    model = PerPositionModel()
+    with torch.no_grad():
+        model.embed.weight[4] = math.nan
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, gradient_accumulation_steps=3))
+    clean, broken = masked_examples(4, seed=1), masked_examples(4, seed=2)
+    clean["input_ids"] = clean["labels"].clamp_min(5)  # no mask token: finite everywhere
+    broken["input_ids"] = torch.where(broken["task_ids"] == 2, 4, broken["labels"].clamp_min(5))  # adjective: NaN
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([clean, broken, clean]), 3, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 3
+    trainer.compute_loss(trainer.model, dict(samples[0]))
+    trainer.compute_loss(trainer.model, dict(samples[1]))  # flagged on the device, not read yet
+    with pytest.raises(FloatingPointError, match=r"\['adjective'\] at optimizer step 1"):
+        trainer.compute_loss(trainer.model, dict(samples[2]))

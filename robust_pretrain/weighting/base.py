@@ -104,9 +104,6 @@ class Weighting(ABC):
             reference_losses: with ``reference_model`` (and only then), the reference model's per-task mean losses on
                 the same targets as ``task_losses``, ``[T]``; entries outside ``observed`` are ignored.
         """
-        task_losses = task_losses.detach().float().cpu()
-        present = present.detach().bool().cpu()
-        observed = present if observed is None else observed.detach().bool().cpu() & present
         if task_losses.shape != (self.num_tasks,) or present.shape != (self.num_tasks,):
             raise ValueError(
                 f"expected task_losses and present of shape ({self.num_tasks},), "
@@ -117,9 +114,18 @@ class Weighting(ABC):
                 "reference_losses are given at each step with a reference_model, and only then "
                 f"(reference_model={self.reference_model!r})"
             )
+        if self.needs_task_counts and (task_counts is None or task_counts.shape != (self.num_tasks,)):
+            raise ValueError(
+                f"{type(self).__name__} needs task_counts of shape ({self.num_tasks},), got {task_counts!r}"
+            )
+        counts = task_counts if self.needs_task_counts else None
+        task_losses, present, observed, counts, reference_losses = _to_host(
+            task_losses, present, observed, counts, reference_losses
+        )
+        present = present.bool()
+        observed = present if observed is None else observed.bool() & present
         self._observe(task_losses, observed)
         if reference_losses is not None:
-            reference_losses = reference_losses.detach().float().cpu()
             bad = observed & ~torch.isfinite(reference_losses)
             if bad.any():
                 raise FloatingPointError(
@@ -131,10 +137,6 @@ class Weighting(ABC):
         if unseen.any():
             known = estimates[~estimates.isnan()]
             estimates[unseen] = known.max() if known.numel() else 0.0
-        if self.needs_task_counts and (task_counts is None or task_counts.shape != (self.num_tasks,)):
-            raise ValueError(
-                f"{type(self).__name__} needs task_counts of shape ({self.num_tasks},), got {task_counts!r}"
-            )
         if not present.any():
             w = torch.zeros(self.num_tasks)
         else:
@@ -142,7 +144,7 @@ class Weighting(ABC):
             if self.needs_grad_norms:
                 kwargs["grad_norms"] = grad_norms
             if self.needs_task_counts:
-                kwargs["task_counts"] = task_counts.detach().float().cpu()
+                kwargs["task_counts"] = counts
             w = self._weights(self._normalize(estimates), present, **kwargs)
         self.step += 1
         return w
@@ -239,6 +241,14 @@ def _ema_update(estimates: torch.Tensor, values: torch.Tensor, observed: torch.T
     estimates[fresh] = values[fresh]
     seen = observed & ~fresh
     estimates[seen] = beta * estimates[seen] + (1 - beta) * values[seen]
+
+
+def _to_host(*vectors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The ``[T]`` vectors (``None`` stays ``None``) as float32 host tensors, in one device->host transfer."""
+    given = [vector for vector in vectors if vector is not None]
+    device = given[0].device
+    host = iter(torch.stack([vector.detach().to(device, torch.float32) for vector in given]).cpu().unbind())
+    return [None if vector is None else next(host) for vector in vectors]
 
 
 def _nan_to_none(values: Any) -> Any:

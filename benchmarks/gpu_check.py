@@ -1,0 +1,285 @@
+"""The GPU check in one command: what this CPU-only repository cannot measure, on one CUDA machine, offline.
+
+    python benchmarks/gpu_check.py              # on a CUDA machine: writes benchmarks/results/gpu_check.{md,json}
+    python benchmarks/gpu_check.py --dry-run    # on the CPU, tiny sizes, the same code paths (CI runs this)
+
+Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and wall time:
+
+1. ``gpu_tests``: the test suite's GPU-only tests (the ``test_gpu_*`` functions; one needing more GPUs than present
+   skips). Dry run: collected only.
+2. ``autocast``: 3 MinimaxTrainer steps of a tiny BERT with ``bf16`` and with ``fp16``: whether Accelerate autocast,
+   the logits' and the task sums' dtypes, finite per-task losses, weights summing to 1. On the CPU fp16 runs in fp32
+   (Accelerate does not autocast it there), which the record says.
+3. ``compile``: 3 steps with ``torch_compile=True`` (backend ``inductor``; dry run ``eager``), compared with the same
+   steps eager (largest absolute parameter difference).
+4. ``sync_count``: one optimizer step (accumulation 2) of the plain sparse-head Trainer and of MinimaxTrainer
+   (minimax, proportional), counted by ``tests/sync_counting.py`` (device-syncing aten ops and host transfers of
+   device tensors) and, on CUDA, by ``torch.cuda``'s sync debug mode (the syncs the driver actually performed).
+5. ``step_benchmark``: ``bench_trainer_step.py``'s interleaved step timing, plain full-logits and plain sparse-head
+   Trainers against MinimaxTrainer (minimax, proportional, average), with peak CUDA memory; two sizes on CUDA
+   (the 4-layer BERT of the CPU results, launch-bound on a GPU, and BERT-base at sequence 512).
+
+Budget: well under 10 minutes on one recent GPU. Nothing is downloaded (models are built from configs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(REPO_ROOT / "tests")]
+
+import bench_trainer_step  # noqa: E402
+from baselines import SparsePredictionBertForMaskedLM  # noqa: E402
+from sync_counting import count_step_syncs  # noqa: E402
+from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments  # noqa: E402
+
+RESULTS = HERE / "results"
+#: the message of torch.cuda's sync debug mode (set_sync_debug_mode("warn"))
+CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def tiny_args(output_dir: str, cuda: bool, **overrides: Any) -> MinimaxTrainingArguments:
+    options = dict(
+        output_dir=output_dir,
+        task_names=TASKS,
+        per_device_train_batch_size=4,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not cuda,
+        seed=7,
+        disable_tqdm=True,
+    )
+    options.update(overrides)
+    return MinimaxTrainingArguments(**options)
+
+
+def autocast(precision: str, cuda: bool, out: str) -> dict:
+    trainer = MinimaxTrainer(
+        model=tiny_bert(),
+        args=tiny_args(out, cuda, **{precision: True}),
+        train_dataset=as_dataset(masked_examples(16)),
+    )
+    dtypes = set()
+    task_sums = trainer._task_sums
+
+    def record(model, inputs):
+        sums, counts, outputs = task_sums(model, inputs)
+        dtypes.add((str(outputs["logits"].dtype), str(sums.dtype)))
+        return sums, counts, outputs
+
+    trainer._task_sums = record
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    losses = [entry[f"task_loss/{task}"] for entry in logs for task in TASKS if f"task_loss/{task}" in entry]
+    return {
+        "autocast": bool(trainer.accelerator.native_amp),
+        "logits_and_task_sums_dtypes": sorted(dtypes),
+        "task_losses_finite": bool(torch.isfinite(torch.tensor(losses)).all()),
+        "weights_sum": round(float(trainer.step_weights.sum()), 6),
+        "last_loss": logs[-1]["loss"],
+    }
+
+
+def compile_check(cuda: bool, out: str) -> dict:
+    backend = "inductor" if cuda else "eager"
+    models = {}
+    for compiled in (True, False):
+        model = tiny_bert()
+        args = tiny_args(
+            f"{out}/{compiled}", cuda, torch_compile=compiled, torch_compile_backend=backend if compiled else None
+        )
+        MinimaxTrainer(model=model, args=args, train_dataset=as_dataset(masked_examples(16))).train()
+        models[compiled] = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    difference = max(float((models[True][k] - models[False][k]).abs().max()) for k in models[False])
+    return {"backend": backend, "steps": 3, "max_abs_parameter_difference_vs_eager": difference}
+
+
+def sync_counts(cuda: bool, out: str) -> dict:
+    step = dict(
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=100,
+    )
+    trainers: dict[str, Callable[[], Trainer]] = {
+        "plain-sparse-head": lambda: Trainer(
+            model=SparsePredictionBertForMaskedLM(tiny_bert().config),
+            args=TrainingArguments(output_dir=f"{out}/plain", **step),
+            train_dataset=as_dataset(masked_examples(16)),
+        ),
+        **{
+            weighting: (
+                lambda weighting=weighting: MinimaxTrainer(
+                    model=tiny_bert(),
+                    args=MinimaxTrainingArguments(
+                        output_dir=f"{out}/{weighting}", task_names=TASKS, weighting=weighting, **step
+                    ),
+                    train_dataset=as_dataset(masked_examples(16)),
+                )
+            )
+            for weighting in ("minimax", "proportional")
+        },
+    }
+    results = {}
+    for name, build in trainers.items():
+        torch.manual_seed(0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            counter = count_step_syncs(build(), cuda_sync_debug=cuda)
+        result = {"counted_ops": counter.total, "by_op": dict(counter.counts)}
+        if cuda:
+            result["cuda_sync_debug_mode"] = sum(CUDA_SYNC_WARNING in str(w.message) for w in caught)
+        results[name] = result
+    return results
+
+
+def step_benchmark(cuda: bool, out: str, dry_run: bool) -> dict:
+    sizes = (
+        [dict(layers=1, hidden=32, seq_len=16, batch_size=2, rounds=2, warmup=1)]
+        if dry_run
+        else [
+            dict(layers=4, hidden=256, seq_len=128, batch_size=16, rounds=30, warmup=5),
+            dict(layers=12, hidden=768, seq_len=512, batch_size=32, rounds=20, warmup=3),
+        ]
+    )
+    results = []
+    for size in sizes:
+        cli = argparse.Namespace(
+            **size,
+            threads=torch.get_num_threads(),
+            configs=["minimax", "proportional", "average"],
+            no_memory=dry_run,
+            results=None,
+        )
+        rows, setup = bench_trainer_step.run(cli)
+        results.append({"setup": setup, "results": rows})
+    return {"runs": results}
+
+
+def gpu_tests(dry_run: bool) -> dict:
+    files = sorted(
+        str(p.relative_to(REPO_ROOT))
+        for p in (REPO_ROOT / "tests").glob("test_*.py")
+        if "def test_gpu_" in p.read_text()
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "test_gpu_", *files]
+    if dry_run:
+        command.append("--collect-only")
+    path = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=420
+    )
+    if result.returncode not in (0, 5):  # 5: nothing selected
+        raise RuntimeError(f"pytest exited {result.returncode}: {result.stdout[-2000:]}{result.stderr[-1000:]}")
+    return {"command": " ".join(command[1:]), "summary": result.stdout.strip().splitlines()[-1:]}
+
+
+def timed(name: str, part: Callable[[], Any]) -> dict:
+    started = time.perf_counter()
+    try:
+        record = {"part": name, "status": "ok", "result": part()}
+    except Exception as error:  # a failed part is a finding: record it and go on with the others
+        record = {"part": name, "status": "failed", "error": f"{type(error).__name__}: {error}"}
+        traceback.print_exc()
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"{name}: {record['status']} ({record['seconds']} s)", flush=True)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU at tiny sizes (checks the script itself)")
+    parser.add_argument(
+        "--results",
+        help="output path without extension (default: benchmarks/results/gpu_check; "
+        "dry run: gpu_check_dry_run in the temporary directory)",
+    )
+    cli = parser.parse_args()
+    cuda = torch.cuda.is_available() and not cli.dry_run
+    if not cuda and not cli.dry_run:
+        print("gpu_check: no CUDA device here; run it on a CUDA machine, or with --dry-run on the CPU", file=sys.stderr)
+        sys.exit(2)
+    default = RESULTS / "gpu_check" if cuda else Path(tempfile.gettempdir()) / "gpu_check_dry_run"
+    stem = Path(cli.results) if cli.results else default
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        parts = [
+            timed("gpu_tests", lambda: gpu_tests(cli.dry_run)),
+            timed("autocast_bf16", lambda: autocast("bf16", cuda, f"{out}/bf16")),
+            timed("autocast_fp16", lambda: autocast("fp16", cuda, f"{out}/fp16")),
+            timed("compile", lambda: compile_check(cuda, f"{out}/compile")),
+            timed("sync_count", lambda: sync_counts(cuda, f"{out}/sync")),
+            timed("step_benchmark", lambda: step_benchmark(cuda, f"{out}/bench", cli.dry_run)),
+        ]
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        "mode": "cuda" if cuda else "dry run (CPU, tiny sizes: not GPU figures)",
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "parts": parts,
+    }
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    stem.with_suffix(".md").write_text(markdown(report))
+    print(f"wrote {stem}.md and {stem}.json")
+    sys.exit(0 if all(part["status"] == "ok" for part in parts) else 1)
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# GPU check ({report['mode']})",
+        "",
+        f"Command: `{report['command']}`; device {report['device']}, torch {report['torch']} (CUDA {report['cuda']}), "
+        f"transformers {report['transformers']}; {report['total_seconds']} s in all.",
+        "",
+        "| part | status | seconds |",
+        "|---|---|---|",
+        *(f"| {p['part']} | {p['status']} | {p['seconds']} |" for p in report["parts"]),
+        "",
+    ]
+    for part in report["parts"]:
+        lines += [f"## {part['part']}", ""]
+        if part["status"] != "ok":
+            lines += [f"Failed: `{part['error']}`", ""]
+        elif part["part"] == "step_benchmark":
+            for run in part["result"]["runs"]:
+                lines += [f"Setup: `{json.dumps(run['setup'])}`", ""]
+                lines += bench_trainer_step.table(run["results"]) + [""]
+        else:
+            lines += ["```json", json.dumps(part["result"], indent=1, default=str), "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""benchmarks/gpu_check.py's dry run: every part of the GPU check runs on the CPU at tiny sizes, so it cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from processes import REPO_ROOT, checkout_env
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_runs_every_part_and_records_the_sync_counts(tmp_path):
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "benchmarks" / "gpu_check.py"),
+        "--dry-run",
+        "--results",
+        str(tmp_path / "check"),
+    ]
+    result = subprocess.run(command, env=checkout_env(OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    parts = {part["part"]: part for part in report["parts"]}
+    assert list(parts) == ["gpu_tests", "autocast_bf16", "autocast_fp16", "compile", "sync_count", "step_benchmark"]
+    assert all(part["status"] == "ok" for part in parts.values())
+    assert report["mode"].startswith("dry run")
+    assert "tests collected" in parts["gpu_tests"]["result"]["summary"][0]  # the GPU-only tests exist
+    # on the CPU Accelerate autocasts bf16, not fp16 (that run trains in fp32); both train to finite task losses
+    assert parts["autocast_bf16"]["result"]["autocast"] and not parts["autocast_fp16"]["result"]["autocast"]
+    assert all(parts[p]["result"]["task_losses_finite"] for p in ("autocast_bf16", "autocast_fp16"))
+    assert parts["compile"]["result"]["max_abs_parameter_difference_vs_eager"] == 0.0  # backend eager: same kernels
+    syncs = parts["sync_count"]["result"]
+    for weighting in ("minimax", "proportional"):
+        assert syncs[weighting]["counted_ops"] <= syncs["plain-sparse-head"]["counted_ops"] + 2
+    (run,) = parts["step_benchmark"]["result"]["runs"]
+    configs = [row["config"] for row in run["results"]]
+    assert configs == ["plain-full-logits", "plain-sparse-head", "minimax", "proportional", "average"]
+    assert "## step_benchmark" in (tmp_path / "check.md").read_text()

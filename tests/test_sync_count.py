@@ -1,0 +1,144 @@
+"""Device->host synchronisations of one optimizer step (accumulation 2), counted on the CPU (issue 19 item 1).
+
+:mod:`sync_counting` follows which tensors would live on a CUDA device and counts the ops on them that make the host
+wait (``.item()``, ``nonzero``, boolean-mask indexing, ``bincount``, ``.cpu()`` ...). The best plain-HF practice, the
+plain ``Trainer`` with a sparse-prediction MLM head (hidden states gathered where ``labels != -100`` before the head),
+sets the budget: ``MinimaxTrainer`` may add at most 2 per optimizer step, whatever the strategy; on the MM-MAE model
+(which returns ``task_losses``) the budget is the plain ``Trainer`` on the same model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from processes import REPO_ROOT
+from sync_counting import DeviceSyncCounter, count_step_syncs, mark_on_device
+from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
+from tiny_vision import random_batch, tiny_config
+from transformers import Trainer, TrainingArguments
+
+from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain.task_losses import TaskTargets
+from robust_pretrain.vision import MultiMAEForPreTraining
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from baselines import SparsePredictionBertForMaskedLM  # noqa: E402
+
+#: how many syncs MinimaxTrainer may add to the plain sparse-head step's
+ALLOWANCE = 2
+STEP = dict(
+    per_device_train_batch_size=4,
+    gradient_accumulation_steps=2,
+    max_steps=2,  # the second step is counted: the first one's lazy set-up (optimizer state) is not a step's cost
+    learning_rate=1e-3,
+    report_to=[],
+    use_cpu=True,
+    disable_tqdm=True,
+    save_strategy="no",
+    logging_steps=100,
+)
+
+
+def plain_sparse_head_syncs(tmp_path) -> DeviceSyncCounter:
+    torch.manual_seed(0)
+    model = SparsePredictionBertForMaskedLM(tiny_bert().config)
+    args = TrainingArguments(output_dir=str(tmp_path / "plain"), **STEP)
+    return count_step_syncs(Trainer(model=model, args=args, train_dataset=as_dataset(masked_examples(16))))
+
+
+def minimax_trainer_syncs(tmp_path, weighting: str) -> DeviceSyncCounter:
+    args = MinimaxTrainingArguments(output_dir=str(tmp_path / weighting), task_names=TASKS, weighting=weighting, **STEP)
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args, train_dataset=as_dataset(masked_examples(16)))
+    return count_step_syncs(trainer)
+
+
+@pytest.fixture(scope="module")
+def plain_sparse_head(tmp_path_factory) -> DeviceSyncCounter:
+    counter = plain_sparse_head_syncs(tmp_path_factory.mktemp("plain"))
+    # the model's own: the boolean gather of the hidden states (forward, backward) and of the labels, per micro-batch;
+    # the rest is the Trainer loop's (its non-finite loss check of each micro-batch: isnan, isinf ...)
+    assert counter.counts["index (boolean mask)"] == 4 and counter.counts["index_put (boolean mask)"] == 2
+    assert set(counter.counts) == {"index (boolean mask)", "index_put (boolean mask)", "_local_scalar_dense"}
+    return counter
+
+
+@pytest.mark.parametrize("weighting", ["minimax", "average", "proportional", "group_dro", "dwa"])
+def test_minimax_trainer_step_syncs_within_the_plain_sparse_head_step(tmp_path, plain_sparse_head, weighting):
+    counter = minimax_trainer_syncs(tmp_path, weighting)
+    assert counter.total <= plain_sparse_head.total + ALLOWANCE, dict(counter.counts)
+    # Exactly: the Trainer loop's own scalar reads, one nonzero per micro-batch (the targets' positions, shared by the
+    # head, the losses and the task ids) and two host transfers (the weighting's inputs at the first micro-batch, the
+    # later micro-batches' finiteness at the last): any sync added to the hot path fails here.
+    loop_reads = plain_sparse_head.counts["_local_scalar_dense"]
+    assert dict(counter.counts) == {"_local_scalar_dense": loop_reads, "nonzero": 2, "cpu()": 2}
+
+
+def multimae_step_args(output_dir: str, **minimax: object) -> dict:
+    return dict(output_dir=output_dir, remove_unused_columns=False, **STEP, **minimax)
+
+
+class _Examples(torch.utils.data.Dataset):
+    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["rgb"])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {key: value[index] for key, value in self.batch.items()}
+
+
+def test_multimae_minimax_step_syncs_within_the_plain_trainer_step(tmp_path):
+    data = _Examples(random_batch(batch=16))
+    torch.manual_seed(0)
+    plain = Trainer(
+        model=MultiMAEForPreTraining(tiny_config()),
+        args=TrainingArguments(**multimae_step_args(str(tmp_path / "plain"))),
+        train_dataset=data,
+    )
+    plain_count = count_step_syncs(plain)
+    torch.manual_seed(0)
+    model = MultiMAEForPreTraining(tiny_config())
+    args = MinimaxTrainingArguments(
+        **multimae_step_args(str(tmp_path / "minimax"), task_names=model.config.task_names, weighting="minimax")
+    )
+    minimax_count = count_step_syncs(MinimaxTrainer(model=model, args=args, train_dataset=data))
+    assert minimax_count.total <= plain_count.total + ALLOWANCE, (dict(minimax_count.counts), dict(plain_count.counts))
+    # the model's and the loop's syncs, plus the trainer's two host transfers
+    assert minimax_count.counts - plain_count.counts == {"cpu()": 2}, (minimax_count.counts, plain_count.counts)
+
+
+def test_counter_counts_device_syncs_and_host_transfers_but_not_host_bookkeeping():
+    counter = DeviceSyncCounter()
+    batch = torch.tensor([[1, -100, 3], [-100, 5, 6]])
+    mark_on_device([batch])
+    with counter, counter.watching_host_transfers():
+        counter.counting = True
+        mask = batch != -100  # elementwise: no sync
+        batch[mask].sum()  # boolean-mask gather: 1
+        int(mask.sum())  # _local_scalar_dense: 1
+        host = mask.sum(0).cpu()  # transfer: 1
+        host.tolist(), int(host.max()), host[host > 0]  # host tensors: none
+        batch.tolist()  # transfer: 1
+        torch.zeros(3).index_add_(0, batch.clamp_min(0)[0] % 3, torch.ones(3))  # scatter-add on the device: none
+    assert dict(counter.counts) == {"index (boolean mask)": 1, "_local_scalar_dense": 1, "cpu()": 1, "tolist()": 1}
+
+
+@pytest.mark.parametrize("example_level", [False, True])
+def test_task_targets_equal_the_boolean_mask_selection(example_level):
+    """Counts, ids, gathered labels and logits of TaskTargets equal the boolean-mask selection they replace."""
+    batch = masked_examples(6, seed=3)
+    labels = batch["labels"]
+    task_ids = torch.tensor([2, -1, 0, 1, 1, 0]) if example_level else batch["task_ids"]
+    targets = TaskTargets(labels, task_ids, len(TASKS))
+    full_ids = task_ids[:, None].expand_as(labels) if example_level else task_ids
+    mask = (full_ids >= 0) & (labels != -100)
+    assert torch.equal(targets.mask, mask)
+    assert torch.equal(targets.ids, full_ids[mask])
+    assert torch.equal(targets.gather(labels), labels[mask])
+    logits = torch.randn(*labels.shape, 5)
+    assert torch.equal(targets.gather(logits), logits[mask])
+    expected = torch.stack([(full_ids[mask] == t).sum() for t in range(len(TASKS))]).float()
+    assert torch.equal(targets.counts(), expected)
