@@ -142,3 +142,27 @@ def test_task_targets_equal_the_boolean_mask_selection(example_level):
     assert torch.equal(targets.gather(logits), logits[mask])
     expected = torch.stack([(full_ids[mask] == t).sum() for t in range(len(TASKS))]).float()
     assert torch.equal(targets.counts(), expected)
+
+
+def test_causal_lm_minimax_step_syncs_beside_the_plain_trainer_step(tmp_path):
+    """A decoder (chunked next-token losses): the plain Trainer's own loss needs no target selection, so the trainer's
+    budget is its two host transfers plus one ``nonzero`` per micro-batch (the targets' positions, shared by the
+    chunked head, the losses and the task ids); nothing else."""
+    from tiny_causal_lm import DOMAINS, domain_examples, tiny_llama
+
+    data = as_dataset(domain_examples(16))
+    plain_data = as_dataset({k: v for k, v in domain_examples(16).items() if k != "task_ids"})
+    plain = Trainer(
+        model=tiny_llama(), args=TrainingArguments(output_dir=str(tmp_path / "plain"), **STEP), train_dataset=plain_data
+    )
+    plain_count = count_step_syncs(plain)
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path / "minimax"), task_names=DOMAINS, weighting="minimax", **STEP
+    )
+    trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=data)
+    assert trainer.lm_loss is not None  # the chunked path is the one counted
+    minimax_count = count_step_syncs(trainer)
+    assert minimax_count.counts - plain_count.counts == {"nonzero": 2, "cpu()": 2}, (
+        minimax_count.counts,
+        plain_count.counts,
+    )
