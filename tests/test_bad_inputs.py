@@ -226,6 +226,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("suite", ["--glue_dir", "{tmp}/no-glue"], ["--glue_dir", "no such directory"]),
     ("suite", ["--per_device_train_batch_size", "zero"], ["--per_device_train_batch_size", "invalid int value"]),
     ("suite", ["--output_dir", READ_ONLY], ["--output_dir", "is not writable"]),
+    ("suite", ["--checkpoints", "random-init:{mmae}"], ["random-init:", "the glue family has no random-init entries"]),
     # pseudo-label
     ("pseudo-label", ["--batch_size", "0"], ["--batch_size must be a positive integer"]),
     ("pseudo-label", ["--depth_scale", "-1"], ["--depth_scale must be > 0"]),
