@@ -104,7 +104,11 @@ def _loss_description(spec: Any) -> str:
         return "MSE on per-patch normalised pixels"
     if spec.kind == "semseg":
         return f"cross-entropy (ignore index {spec.ignore_index})"
-    return LOSS_DESCRIPTIONS[spec.loss] + (" (metres)" if spec.kind == "depth" else "")
+    if spec.kind != "depth":
+        return LOSS_DESCRIPTIONS[spec.loss]
+    unit = "per-image standardised depth" if spec.depth_normalization == "standardize" else "metres"
+    cap = "" if spec.max_depth is None else f", cap {spec.max_depth:g} m"
+    return f"{LOSS_DESCRIPTIONS[spec.loss]} ({unit}{cap})"
 
 
 def card_modalities(config: Any) -> dict[str, dict[str, Any]]:
