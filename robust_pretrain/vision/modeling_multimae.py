@@ -219,9 +219,7 @@ class MultiMAECrossAttention(nn.Module):
         batch, length, width = values.shape
         return values.view(batch, length, self.num_heads, width // self.num_heads).transpose(1, 2)
 
-    def forward(
-        self, queries: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, queries: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None) -> torch.Tensor:
         """``queries`` (B, N, D), ``context`` (B, S, D), ``context_mask`` (B, S) 1 for real tokens, or None."""
         normed = self.context_norm(context)
         attended = F.scaled_dot_product_attention(
