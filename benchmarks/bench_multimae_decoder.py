@@ -197,7 +197,8 @@ def main() -> None:
     lines = [
         "# MM-MAE decoders: cross-attention (MultiMAE) vs joint self-attention",
         "",
-        "Command: `python benchmarks/bench_multimae_decoder.py` (one thread; the machine was shared, load average "
+        f"Command: `python benchmarks/bench_multimae_decoder.py --rounds {cli.rounds} --warmup {cli.warmup} --steps "
+        f"{cli.steps} --seeds {' '.join(map(str, cli.seeds))}` (one thread; the machine was shared, load average "
         f"{setup['load_average_1min_at_start']} at the start, {setup['load_average_1min_at_end']} at the end).",
         "",
         f"Setup: {json.dumps(setup)}",
