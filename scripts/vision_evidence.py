@@ -127,7 +127,7 @@ def render_comparison(title: str, comparison: dict[str, Any], columns: dict[str,
             stat = row[key]
             cell = f"{stat['mean']:.1f} ± {stat['std']:.1f}"
             if "delta" in stat:
-                cell += f" (Δ {stat['delta']:+.1f}, {stat['in_standard_errors']:+.1f} SE)"
+                cell += f" (Δ {stat['delta']:+.1f}, {stat['in_standard_errors']:+.2f} SE)"
             cells.append(cell)
         lines.append(f"| {group} | {row['average']['n']} | {' | '.join(cells)} |")
     return [*lines, ""]
