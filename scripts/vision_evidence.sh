@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Evidence for the README's vision table: MM-MAE pre-training with average vs minimax weighting (vision demo config,
-# 2 seeds), then the dense suite (semseg, depth, classification; 2 fine-tuning seeds) on the 4 checkpoints (primary:
-# 2 fine-tuning epochs; secondary check: 8 epochs), then the tables in benchmarks/results/vision_evidence.{md,json}.
+# 2 seeds), then the dense suite (semseg, depth, classification; 2 fine-tuning seeds) on the 4 checkpoints and a
+# random-init row (the same architecture without pre-training) (primary: 2 fine-tuning epochs; secondary check: 8
+# epochs), then the tables in benchmarks/results/vision_evidence.{md,json}.
 # About 45-60 minutes on 2 CPU cores shared with other jobs. Protocol: scripts/vision_evidence_protocol.md.
 #
 #   bash scripts/vision_evidence.sh [OUT]          (OUT defaults to outputs/vision-evidence)
@@ -22,9 +23,10 @@ run pretraining "$PY" recipes/compare_weightings.py --config recipes/configs/vis
 run scenes "$PY" scripts/vision_evidence.py scenes "$OUT/scenes" --num_train 512 --num_eval 256 \
   --scene_seed 0 --scene_size 64
 
+RANDOM_INIT="random-init:$COMPARE/average/seed-42"  # the demo architecture, no pre-training (protocol addendum)
 suite() {  # suite NAME EPOCHS
   run "$1" "$PY" recipes/glue_suite.py --family dense \
-    --checkpoints "$COMPARE/minimax/seed-42" "$COMPARE/minimax/seed-43" "$COMPARE/average/seed-43" \
+    --checkpoints "$COMPARE/minimax/seed-42" "$COMPARE/minimax/seed-43" "$COMPARE/average/seed-43" "$RANDOM_INIT" \
     --baseline "$COMPARE/average/seed-42" --tasks semseg depth classification --seeds 42 43 \
     --dataset_name "$OUT/scenes" --train_split downstream_train --eval_split downstream_test \
     --column_mapping rgb=rgb depth=depth semseg=semseg label=label id=id --num_labels 7 \
@@ -41,5 +43,8 @@ suite suite-8ep 8
   --suite "Downstream: dense suite, 2 fine-tuning epochs (primary)" "$OUT/suite" \
   --suite "Downstream, secondary check: 8 fine-tuning epochs" "$OUT/suite-8ep" \
   --timings "$OUT/timings.txt" --commands "$OUT/commands.txt" --protocol scripts/vision_evidence_protocol.md \
-  ${NOTES:+--notes "$NOTES"} --out benchmarks/results/vision_evidence
+  --label "$RANDOM_INIT" "random init (no pre-training)" ${NOTES:+--notes "$NOTES"} \
+  --out benchmarks/results/vision_evidence
+"$PY" scripts/vision_evidence.py random-init --out benchmarks/results/vision_evidence \
+  --suite "Primary: 2 fine-tuning epochs" "$OUT/suite" --suite "Secondary check: 8 fine-tuning epochs" "$OUT/suite-8ep"
 echo "wrote benchmarks/results/vision_evidence.md and .json"

@@ -214,6 +214,9 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("multimae", ["--patch_size", "0"], ["--patch_size must be a positive integer, got 0"]),
     ("multimae", ["--patch_size", "7"], ["--patch_size 7 does not divide --image_size"]),
     ("multimae", ["--image_size", "-32"], ["--image_size must be a positive integer"]),
+    ("multimae", ["--max_depth", "0"], ["--max_depth must be > 0"]),
+    ("multimae", ["--depth_normalization", "log"], ["--depth_normalization", "invalid choice: 'log'"]),
+    ("multimae", ["--config_overrides", "decoder_type=self"], ["decoder_type 'self' is not one of"]),
     ("multimae", ["--image_folder", "{tmp}/nowhere"], ["--image_folder", "nowhere: no such directory"]),
     ("multimae", ["--image_folder", "{tmp}/file.txt"], ["--image_folder", "is a file, not a directory"]),
     ("multimae", ["--modalities", "rgb", "--num_semseg_classes", "1"], ["--num_semseg_classes must be >= 2"]),
@@ -283,6 +286,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("suite", ["--family", "probe", "--probe_folds", "1"], ["--probe_folds must be >= 2, got 1"]),
     ("suite", ["--family", "probe", "--probe_lambdas", "1", "0"], ["--probe_lambdas must be > 0"]),
     ("suite", ["--family", "probe", "--learning_rate", "1e-4"], ["--learning_rate"]),
+    ("suite", ["--checkpoints", "random-init:{mmae}"], ["random-init:", "the glue family has no random-init entries"]),
     # pseudo-label
     ("pseudo-label", ["--batch_size", "0"], ["--batch_size must be a positive integer"]),
     ("pseudo-label", ["--depth_scale", "-1"], ["--depth_scale must be > 0"]),

@@ -3,7 +3,9 @@ named, deltas against a baseline, per-image predictions that recompute the score
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProces
 from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
 
 SIZE = 32
+EVIDENCE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vision_evidence.py"
 PRIMARY = {"semseg": "mean_iou", "depth": "delta1"}
 DISPLAY = {"semseg": "Segmentation", "depth": "Depth"}
 
@@ -172,3 +175,73 @@ def test_dense_suite_refuses_bad_checkpoints_before_any_cell(
     )
     assert status == 2 and "the depth task cannot read its own target" in capsys.readouterr().err
     assert not (tmp_path / "suite").exists()
+
+
+def test_random_init_row_ignores_the_weights_and_is_marked(tmp_path: Path) -> None:
+    """``random-init:<checkpoint>`` fine-tunes the architecture from weights drawn with the cell's seed: two
+    checkpoints that share a config but not their weights give the same random-init score, and a row, cell key, card
+    and model index of their own that say so."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    tiny_model(seed=0).save_pretrained(first)
+    tiny_model(seed=1).save_pretrained(second)
+    out = tmp_path / "suite"
+    entries = [str(first), f"random-init:{first}", f"random-init:{second}"]
+    argv = ["--family", "dense", "--checkpoints", *entries, "--tasks", "depth", "--seeds", "3",
+            "--output_dir", str(out), "--num_train_scenes", "4", "--num_eval_scenes", "2", "--scene_size", str(SIZE),
+            "--max_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none",
+            "--disable_tqdm", "true", "--num_prediction_images", "0", "--fusion_hidden_size", "4"]  # fmt: skip
+    summary = suite.run(argv)
+
+    rows = summary["checkpoints"]
+    assert rows[f"random-init:{first}"]["label"] == "random-init:first"
+    assert rows[f"random-init:{first}"]["average"] == rows[f"random-init:{second}"]["average"]
+    assert rows[f"random-init:{first}"]["average"] != rows[str(first)]["average"]
+    cells = {entry: out / "cells" / checkpoint_key(entry) / "depth" / "seed3" for entry in entries}
+    assert len(set(cells.values())) == 3  # keyed apart from each other and from the checkpoint itself
+    settings = json.loads((cells[f"random-init:{first}"] / "cell.json").read_text())["settings"]
+    assert settings["checkpoint"] == f"random-init:{first.resolve()}"
+    assert list(settings["checkpoint_state"]) == ["config.json"]  # the weights are not part of it
+    assert "| random-init:first |" in (out / "dense_suite.md").read_text()
+    card = out / "model_cards" / checkpoint_key(f"random-init:{first}")
+    assert json.loads((card / "model_index.json").read_text())["model-index"][0]["name"] == "random-init:first"
+    fine_tuning_card = (cells[f"random-init:{first}"] / "README.md").read_text()
+    assert "from random initialisation" in fine_tuning_card
+    assert "from random initialisation" not in (cells[str(first)] / "README.md").read_text()
+
+
+def _suite_entry(scores: dict[str, list[float]]) -> dict:
+    return {"tasks": {task: {"scores": values} for task, values in scores.items()}}
+
+
+def test_vision_evidence_compares_pretrained_runs_with_the_random_init_row() -> None:
+    """The protocol addendum's statistic: per-run task averages, pre-trained runs pooled and per objective, Welch
+    standard errors against the random-init row, and the verdict of its rule."""
+    spec = importlib.util.spec_from_file_location("vision_evidence", EVIDENCE_SCRIPT)
+    evidence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evidence)
+    suite = {
+        "tasks": ["semseg", "depth"],
+        "checkpoints": {
+            "c/average/seed-42": _suite_entry({"semseg": [30.0, 32.0], "depth": [70.0, 72.0]}),
+            "c/minimax/seed-42": _suite_entry({"semseg": [31.0, 29.0], "depth": [74.0, 70.0]}),
+            "random-init:c/average/seed-42": _suite_entry({"semseg": [20.0, 22.0], "depth": [71.0, 69.0]}),
+        },
+    }
+    result = evidence.compare_with_random_init(suite)
+    assert result["random_init"] == "random-init:c/average/seed-42"
+    assert list(result["rows"]) == ["random init", "pooled", "average", "minimax"]
+    pooled_averages = [50.0, 52.0, 52.5, 49.5]  # per run: mean of semseg and depth
+    random_averages = [45.5, 45.5]
+    pooled = result["rows"]["pooled"]["average"]
+    assert pooled["n"] == 4 and pooled["mean"] == pytest.approx(51.0)
+    assert pooled["delta"] == pytest.approx(51.0 - 45.5)
+    error = math.sqrt(statistics.variance(pooled_averages) / 4 + statistics.variance(random_averages) / 2)
+    assert pooled["in_standard_errors"] == pytest.approx(5.5 / error)
+    assert result["rows"]["minimax"]["semseg"]["delta"] == pytest.approx(30.0 - 21.0)
+    assert result["rows"]["random init"]["depth"] == {"mean": 70.0, "std": pytest.approx(math.sqrt(2)), "n": 2}
+    depth_se = result["rows"]["pooled"]["depth"]["in_standard_errors"]
+    assert abs(depth_se) < 2 and result["verdict"] == "pre-training helps"
+    suite["checkpoints"]["random-init:c/average/seed-42"] = _suite_entry(
+        {"semseg": [40.0, 42.0], "depth": [71.0, 69.0]}
+    )
+    assert evidence.compare_with_random_init(suite)["verdict"] == "pre-training hurts"

@@ -144,7 +144,7 @@ def test_card_lists_the_modalities(pushed_run) -> None:
     assert card.data.pipeline_tag == "image-feature-extraction"
     for name, kind, channels, loss in (
         ("rgb", "rgb", "3", "MSE on per-patch normalised pixels"),
-        ("depth", "depth", "1", "L1 on valid pixels (metres)"),
+        ("depth", "depth", "1", "L1 on valid pixels (per-image standardised depth, cap 10 m)"),
         ("semseg", "semseg", f"{NUM_CLASSES} classes", "cross-entropy (ignore index 255)"),
     ):
         row = f"| {name} | {kind} | {channels} | {loss} | {report['final_weights'][name]:.4f} |"

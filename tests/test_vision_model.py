@@ -28,11 +28,11 @@ from transformers import (
 )
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.configuration_multimae import DECODER_TYPES, ModalitySpec, MultiMAEConfig
 from robust_pretrain.vision.export import export_vit
 from robust_pretrain.vision.export import main as export_main
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, MultiMAEModel
+from robust_pretrain.vision.modeling_multimae import MultiMAECrossAttention, MultiMAEForPreTraining, MultiMAEModel
 
 
 def tiny_model(seed: int = 0, **overrides) -> MultiMAEForPreTraining:
@@ -72,8 +72,9 @@ def reference_losses(batch: dict, predictions: dict) -> dict[str, tuple[float, f
     return refs
 
 
-def test_shapes_and_losses_match_hand_computed_references():
-    model = tiny_model()
+@pytest.mark.parametrize("decoder_type", DECODER_TYPES)
+def test_shapes_and_losses_match_hand_computed_references(decoder_type):
+    model = tiny_model(decoder_type=decoder_type)
     batch = random_batch(batch=3)
     with torch.no_grad():
         out = model(**batch)
@@ -89,9 +90,10 @@ def test_shapes_and_losses_match_hand_computed_references():
     assert encoded.last_hidden_state.shape == (3, 1 + 12, 32)  # global token + the 12 visible patches
 
 
-def test_loss_only_scores_hidden_patches():
+@pytest.mark.parametrize("decoder_type", DECODER_TYPES)
+def test_loss_only_scores_hidden_patches(decoder_type):
     """The gradient of each task loss w.r.t. its decoder's patch predictions is zero exactly at visible patches."""
-    model = tiny_model()
+    model = tiny_model(decoder_type=decoder_type)
     batch = random_batch(batch=2, visible=20)
     captured = {}
     for name, decoder in model.decoders.items():
@@ -105,8 +107,9 @@ def test_loss_only_scores_hidden_patches():
         assert (per_patch[hidden] > 0).float().mean() > 0.9, name  # a few hidden patches may be all-invalid
 
 
-def test_hidden_inputs_change_targets_not_predictions():
-    model = tiny_model()
+@pytest.mark.parametrize("decoder_type", DECODER_TYPES)
+def test_hidden_inputs_change_targets_not_predictions(decoder_type):
+    model = tiny_model(decoder_type=decoder_type)
     batch = random_batch(batch=2)
     out = model(**batch)
     changed = dict(batch)
@@ -150,9 +153,10 @@ def test_fully_visible_modality_has_no_targets():
     assert out.task_counts["depth"] == 0 and float(out.task_losses["depth"]) == 0.0
 
 
-def test_unequal_visible_counts_are_padded_without_leaking():
+@pytest.mark.parametrize("decoder_type", DECODER_TYPES)
+def test_unequal_visible_counts_are_padded_without_leaking(decoder_type):
     """Samples with different visible budgets give the same outputs batched as alone."""
-    model = tiny_model()
+    model = tiny_model(decoder_type=decoder_type)
     first, second = random_batch(batch=1, seed=1, visible=10), random_batch(batch=1, seed=2, visible=17)
     batched = model(**{k: torch.cat([first[k], second[k]]) for k in first})
     for row, single in enumerate((first, second)):
@@ -189,6 +193,7 @@ def test_config_round_trip_and_validation(tmp_path):
         (dict(finetune_modalities=["normals"]), "must be a non-empty subset"),
         (dict(image_size=18), "multiple of patch_size"),
         (dict(head_layer_indices=[0, 1, 2]), "four encoder layers"),
+        (dict(decoder_type="self_attention"), "decoder_type 'self_attention' is not one of"),
     ]:
         with pytest.raises(ValueError, match=message):
             tiny_config(**settings)
@@ -199,9 +204,57 @@ def test_config_round_trip_and_validation(tmp_path):
         (dict(name="d", kind="depth", loss="cross_entropy"), "needs kind 'semseg'"),
         (dict(name="x", kind="normals"), "kind 'normals' is not one of"),
         (dict(name="mask-1", kind="rgb"), "identifier"),
+        (dict(name="d", kind="depth", depth_normalization="log"), "depth_normalization 'log' is not one of"),
+        (dict(name="d", kind="depth", max_depth=0.0), "max_depth must be > 0"),
+        (dict(name="i", kind="rgb", max_depth=10.0), "apply to kind 'depth'"),
     ]:
         with pytest.raises(ValueError, match=message):
             ModalitySpec(**spec)
+
+
+def test_cross_attention_block_matches_a_hand_computation():
+    """Queries attend to the real context tokens only (softmax(q k^T / sqrt(d)) v per head, padded tokens weigh 0),
+    then output projection, residual, pre-norm MLP, residual."""
+    config = tiny_config(decoder_hidden_size=16, decoder_num_attention_heads=2, decoder_intermediate_size=32)
+    decoder_config = MultiMAEForPreTraining(config).decoders["rgb"].config
+    torch.manual_seed(0)
+    block = MultiMAECrossAttention(decoder_config).eval()
+    queries, context = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    context_mask = torch.ones(2, 7, dtype=torch.long)
+    context_mask[1, 4:] = 0
+    with torch.no_grad():
+        out = block(queries, context, context_mask)
+        expected = torch.empty_like(out)
+        for row in range(2):
+            real = context[row, : int(context_mask[row].sum())]
+            q = block.query(block.query_norm(queries[row])).view(5, 2, 8).transpose(0, 1)
+            k = block.key(block.context_norm(real)).view(-1, 2, 8).transpose(0, 1)
+            v = block.value(block.context_norm(real)).view(-1, 2, 8).transpose(0, 1)
+            weights = torch.softmax(q @ k.transpose(1, 2) / 8**0.5, dim=-1)
+            hidden = queries[row] + block.output((weights @ v).transpose(0, 1).reshape(5, 16))
+            expected[row] = hidden + block.mlp(block.mlp_norm(hidden))
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        changed = context.clone()
+        changed[1, 4:] += 100.0  # padding: no influence
+        torch.testing.assert_close(block(queries, changed, context_mask), out)
+
+
+def test_a_config_saved_before_decoder_type_keeps_the_joint_decoders(tmp_path):
+    """Checkpoints written before the option load as they were trained (joint), every weight found; new configs
+    default to MultiMAE's cross-attention decoders and keep their choice through save/load."""
+    assert MultiMAEConfig().decoder_type == "cross_attention"
+    model = tiny_model(decoder_type="joint")
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["decoder_type"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded, info = MultiMAEForPreTraining.from_pretrained(tmp_path, output_loading_info=True)
+    assert loaded.config.decoder_type == "joint" and not any(info.values())
+    batch = random_batch()
+    torch.testing.assert_close(loaded.eval()(**batch).loss, model(**batch).loss)
+    cross = tiny_model(decoder_type="cross_attention")
+    cross.save_pretrained(tmp_path / "cross")
+    assert MultiMAEConfig.from_pretrained(tmp_path / "cross").decoder_type == "cross_attention"
 
 
 def test_bad_inputs_are_clear_errors():

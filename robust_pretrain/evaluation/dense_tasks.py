@@ -1,5 +1,8 @@
 """Dense vision as a suite family: semantic segmentation (mIoU), depth (δ1) and classification (top-1), each cell a
-:func:`robust_pretrain.vision.finetune.run_finetune` call. Every primary metric is higher-is-better, x100."""
+:func:`robust_pretrain.vision.finetune.run_finetune` call. Every primary metric is higher-is-better, x100.
+
+A ``random-init:<checkpoint>`` entry fine-tunes the checkpoint's architecture from random weights (seeded by the
+cell's seed; ``finetune_dense --random_init``): the row that says whether pre-training helps at all."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.evaluation.checkpoints import random_init_source
 from robust_pretrain.evaluation.glue_tasks import glue_run_settings
 from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, SuiteTask, TaskFamily, TaskRunResult
 from robust_pretrain.reporting.recipe_cards import DENSE_CARD_METRICS, DENSE_TASK_TYPES
@@ -59,7 +63,7 @@ def check_dense_inputs(checkpoints: Sequence[str], tasks: Sequence[SuiteTask], o
         model_args.check_task(task.name)
         for checkpoint in checkpoints:
             try:
-                checkpoint_model_type(checkpoint, task.name)
+                checkpoint_model_type(random_init_source(checkpoint) or checkpoint, task.name)
             except UsageError as err:
                 raise UsageError(f"--checkpoints: {err}") from None
         if data_args.image_folder is not None or data_args.dataset_name is not None:
@@ -71,8 +75,9 @@ def run_dense_task(
 ) -> TaskRunResult:
     """Fine-tune ``checkpoint`` on ``task`` with ``seed`` into ``output_dir``; fractions x100."""
     model_args, data_args, lora_args, training_args = options
+    source = random_init_source(checkpoint)
     eval_metrics = run_finetune(
-        DenseRunArguments(model_name_or_path=checkpoint, task=task),
+        DenseRunArguments(model_name_or_path=source or checkpoint, task=task, random_init=source is not None),
         model_args,
         data_args,
         lora_args,
@@ -116,4 +121,5 @@ FAMILY = TaskFamily(
     option_types=(DenseModelArguments, DenseDataArguments, DenseLoraArguments, DenseTrainingArguments),
     run_settings=dense_run_settings,
     check_inputs=check_dense_inputs,
+    random_init=True,
 )

@@ -33,6 +33,7 @@ from robust_pretrain.evaluation.checkpoints import (
     checkpoint_key,
     checkpoint_label,
     checkpoint_state,
+    random_init_source,
 )
 from robust_pretrain.evaluation.tasks import RunSettings, SuiteTask, TaskFamily, family_names, get_family
 from robust_pretrain.options import check_options, option
@@ -50,7 +51,12 @@ DEFAULT_FAMILY = "glue"
 class SuiteArguments:
     """Which checkpoints, tasks and seeds to run; the family's ``--output_dir`` option is the suite directory."""
 
-    checkpoints: list[str] = field(metadata={"help": "Checkpoints to compare (local directories or Hub ids)."})
+    checkpoints: list[str] = field(
+        metadata={
+            "help": "Checkpoints to compare (local directories or Hub ids; dense family: random-init:<checkpoint> for "
+            "its architecture with random weights, the no-pre-training baseline)."
+        }
+    )
     family: str = field(
         default=DEFAULT_FAMILY,
         metadata={"help": "Task family; selects the tasks and the options below. Known: " + ", ".join(family_names())},
@@ -202,9 +208,11 @@ def run_suite(suite_args: SuiteArguments, options: Sequence[Any]) -> dict[str, A
     output_dir = suite_output_dir(family, options)
     run_settings = family.run_settings(options)
     for checkpoint in suite_args.checkpoints:  # existence here; the family checks that each is a model it can load
-        check_checkpoint(
-            checkpoint, "--baseline" if checkpoint == suite_args.baseline else "--checkpoints", model=False
-        )
+        option_name = "--baseline" if checkpoint == suite_args.baseline else "--checkpoints"
+        source = random_init_source(checkpoint)
+        if source is not None and not family.random_init:
+            raise UsageError(f"{option_name} {checkpoint}: the {family.name} family has no random-init entries")
+        check_checkpoint(source or checkpoint, option_name, model=False)
     family.check_inputs(suite_args.checkpoints, tasks, options)
     if suite_args.update_model_cards:
         check_card_updates(suite_args.checkpoints, output_dir)

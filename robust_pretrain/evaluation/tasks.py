@@ -114,6 +114,8 @@ class TaskFamily:
     ``option_types``: dataclasses parsed (with ``HfArgumentParser``) next to the suite's own arguments; exactly one
     of them has an ``output_dir`` field, the suite directory. ``run_settings(options)`` describes parsed options;
     ``check_inputs(checkpoints, tasks, options)`` raises on bad checkpoints or data before any cell runs.
+    ``random_init``: whether its tasks accept ``random-init:<checkpoint>`` entries (see
+    :mod:`robust_pretrain.evaluation.checkpoints`).
     """
 
     name: str
@@ -123,6 +125,7 @@ class TaskFamily:
     option_types: tuple[type, ...]
     run_settings: Callable[[Sequence[Any]], RunSettings]
     check_inputs: Callable[[Sequence[str], Sequence[SuiteTask], Sequence[Any]], None]
+    random_init: bool = False
 
     def task(self, name: str) -> SuiteTask:
         """Look a task up by name (case-insensitive, ``-`` ignored: ``SST-2`` is ``sst2``)."""

@@ -52,7 +52,7 @@ from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multima
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.configuration_multimae import DEPTH_NORMALIZATIONS, ModalitySpec, MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor, MultiMAETransform
 from robust_pretrain.vision.loaders import (
     REDUCE_LABELS_HELP,
@@ -97,6 +97,18 @@ class ModelArguments:
         None, "Classes of the semseg maps (default for generated scenes: their classes).", minimum=2
     )
     semseg_ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
+    depth_normalization: str = option(
+        "standardize",
+        "From scratch: depth input and loss on each image's depth standardised over its valid pixels ('standardize', "
+        "MultiMAE's standardize_depth: the task weights do not depend on the depth unit) or on raw metres ('none').",
+        choices=list(DEPTH_NORMALIZATIONS),
+    )
+    max_depth: float = option(
+        10.0,
+        "From scratch: depth pixels farther than this many metres are invalid (no input, no loss), the NYUv2 "
+        "metric's cap; Kinect frames carry 65.535 m 'valid' pixels.",
+        above=0,
+    )
     image_size: int = option(
         224, "From scratch: side of the square training images (a checkpoint keeps its own).", minimum=1
     )
@@ -349,6 +361,15 @@ def modality_specs(model_args: ModelArguments, num_classes: int | None) -> list[
                 raise UsageError("--num_semseg_classes: the semseg modality needs the number of classes of the data")
             specs.append(
                 ModalitySpec(name, "semseg", num_classes=num_classes, ignore_index=model_args.semseg_ignore_index)
+            )
+        elif name == "depth":
+            specs.append(
+                ModalitySpec(
+                    name,
+                    "depth",
+                    depth_normalization=model_args.depth_normalization,
+                    max_depth=model_args.max_depth,
+                )
             )
         else:
             specs.append(ModalitySpec(name, name))

@@ -104,7 +104,11 @@ def _loss_description(spec: Any) -> str:
         return "MSE on per-patch normalised pixels"
     if spec.kind == "semseg":
         return f"cross-entropy (ignore index {spec.ignore_index})"
-    return LOSS_DESCRIPTIONS[spec.loss] + (" (metres)" if spec.kind == "depth" else "")
+    if spec.kind != "depth":
+        return LOSS_DESCRIPTIONS[spec.loss]
+    unit = "per-image standardised depth" if spec.depth_normalization == "standardize" else "metres"
+    cap = "" if spec.max_depth is None else f", cap {spec.max_depth:g} m"
+    return f"{LOSS_DESCRIPTIONS[spec.loss]} ({unit}{cap})"
 
 
 def card_modalities(config: Any) -> dict[str, dict[str, Any]]:
@@ -257,13 +261,14 @@ def dense_card_content(
 ) -> FineTuningCardContent:
     """The card of a dense fine-tuning run (semseg, depth, classification): task, metrics, base checkpoint, protocol."""
     task, schedule = run_args.task, training_args.lr_scheduler_type
+    start = "from random initialisation (the base model's architecture only), " if run_args.random_init else ""
     return FineTuningCardContent(
         recipe="finetune_dense",
         task=task,
         task_type=DENSE_TASK_TYPES[task],
         base_model=run_args.model_name_or_path,
-        method=f"{_lora_method(lora_args, 'head')}; AdamW, layer-wise lr decay {training_args.layer_decay}, warm-up "
-        f"then a {getattr(schedule, 'value', schedule)} schedule",
+        method=f"{start}{_lora_method(lora_args, 'head')}; AdamW, layer-wise lr decay {training_args.layer_decay}, "
+        f"warm-up then a {getattr(schedule, 'value', schedule)} schedule",
         settings={
             **finetuning_settings(training_args, steps, lora_args, skip=("use_lora",)),
             "layer_decay": training_args.layer_decay,

@@ -15,6 +15,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 MODALITY_KINDS = ("rgb", "depth", "semseg")
 MODALITY_LOSSES = ("mse", "l1", "cross_entropy")
+DEPTH_NORMALIZATIONS = ("none", "standardize")
+DECODER_TYPES = ("cross_attention", "joint")
 _KIND_DEFAULTS = {"rgb": (3, "mse"), "depth": (1, "l1"), "semseg": (1, "cross_entropy")}
 
 
@@ -25,6 +27,12 @@ class ModalitySpec:
     ``channels`` and ``loss`` default by ``kind``: rgb 3 channels + ``mse``, depth 1 channel + ``l1`` (metres, 0 =
     invalid pixel), semseg a class-id map + ``cross_entropy`` (needs ``num_classes``; ``ignore_index`` marks unknown
     pixels). ``norm_pix_loss``: an rgb modality with ``mse`` regresses per-patch normalised pixels (MAE).
+
+    Depth only: ``max_depth`` (in the map's unit, metres from the image processor) marks farther pixels invalid, like
+    the NYUv2 metric's cap (Kinect frames carry 65.535 m "valid" pixels); ``None`` keeps every positive pixel.
+    ``depth_normalization="standardize"`` (MultiMAE's ``standardize_depth``) feeds and reconstructs each image's
+    depth standardised by the mean and standard deviation of its valid pixels (invalid pixels become 0, the mean), so
+    the depth loss and everything the encoder sees do not depend on the depth unit; ``"none"`` uses the raw values.
     """
 
     name: str
@@ -34,6 +42,8 @@ class ModalitySpec:
     loss: str | None = None
     ignore_index: int = 255
     norm_pix_loss: bool = True
+    depth_normalization: str = "none"
+    max_depth: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -60,6 +70,15 @@ class ModalitySpec:
             raise ValueError(f"modalities[{self.name}]: cross_entropy needs kind 'semseg', got {self.kind!r}")
         if self.channels < 1:
             raise ValueError(f"modalities[{self.name}]: channels must be >= 1, got {self.channels}")
+        if self.depth_normalization not in DEPTH_NORMALIZATIONS:
+            raise ValueError(
+                f"modalities[{self.name}]: depth_normalization {self.depth_normalization!r} is not one of "
+                f"{DEPTH_NORMALIZATIONS}"
+            )
+        if self.kind != "depth" and (self.depth_normalization != "none" or self.max_depth is not None):
+            raise ValueError(f"modalities[{self.name}]: depth_normalization and max_depth apply to kind 'depth'")
+        if self.max_depth is not None and not self.max_depth > 0:
+            raise ValueError(f"modalities[{self.name}]: max_depth must be > 0, got {self.max_depth}")
 
     @property
     def output_channels(self) -> int:
@@ -82,7 +101,10 @@ class MultiMAEConfig(PretrainedConfig):
 
     Encoder: a ViT (``hidden_size``, ``num_hidden_layers``, ... as in ``ViTConfig``) over the visible patches of all
     modalities plus ``num_global_tokens`` learned global tokens, with fixed 2D sine-cosine position embeddings.
-    Decoders (pre-training, one per modality): ``decoder_*`` sizes. Fine-tuning heads: ``finetune_modalities`` are the
+    Decoders (pre-training, one per modality): ``decoder_*`` sizes; ``decoder_type`` ``"cross_attention"``
+    (MultiMAE's: the queries cross-attend to the encoded tokens, then ``decoder_num_hidden_layers`` self-attention
+    layers over the queries) or ``"joint"`` (self-attention layers over the encoded tokens and the queries together;
+    what a saved config without the key was trained with). Fine-tuning heads: ``finetune_modalities`` are the
     inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense heads are DPT reassemble-and-fuse
     heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes`` / ``fusion_hidden_size`` channels.
 
@@ -117,6 +139,7 @@ class MultiMAEConfig(PretrainedConfig):
     decoder_num_hidden_layers: int = 2
     decoder_num_attention_heads: int = 8
     decoder_intermediate_size: int = 1024
+    decoder_type: str = "cross_attention"
     finetune_modalities: list[str] | None = None
     head_layer_indices: list[int] | None = None
     neck_hidden_sizes: list[int] | None = None
@@ -135,6 +158,8 @@ class MultiMAEConfig(PretrainedConfig):
         unknown = [name for name in self.finetune_modalities if name not in names]
         if unknown or not self.finetune_modalities:
             raise ValueError(f"finetune_modalities: {self.finetune_modalities} must be a non-empty subset of {names}")
+        if self.decoder_type not in DECODER_TYPES:
+            raise ValueError(f"decoder_type {self.decoder_type!r} is not one of {DECODER_TYPES}")
         if self.hidden_size % 4 or self.decoder_hidden_size % 4:
             raise ValueError("hidden_size and decoder_hidden_size must be multiples of 4 (2D sine-cosine embeddings)")
         height, width = self.image_grid_size()
@@ -192,6 +217,11 @@ class MultiMAEConfig(PretrainedConfig):
         output = super().to_dict()
         output["modalities"] = [asdict(spec) for spec in self.modalities]
         return output
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> MultiMAEConfig:
+        """A saved config without ``decoder_type`` predates the option: its decoders are ``"joint"``."""
+        return super().from_dict({"decoder_type": "joint", **config_dict}, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> MultiMAEConfig:

@@ -54,6 +54,7 @@ from transformers import (
     PreTrainedModel,
     Trainer,
     TrainingArguments,
+    ViTConfig,
     ViTForImageClassification,
     set_seed,
 )
@@ -114,6 +115,13 @@ class DenseRunArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Write into an output_dir holding an earlier run (its weights and predictions go first)."},
+    )
+    random_init: bool = field(
+        default=False,
+        metadata={
+            "help": "Build the model from the checkpoint's config.json only, with randomly initialised weights (seeded "
+            "by --seed): the no-pre-training baseline. The checkpoint's weights are not read."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -691,8 +699,9 @@ def load_model(
     label_names: list[str] | None,
     ignore_index: int,
 ) -> tuple[PreTrainedModel | PeftModel, tuple[int, int]]:
-    """The task model (head initialised, encoder from the checkpoint), LoRA-wrapped if asked; and the image size
-    (height, width) the checkpoint was trained at."""
+    """The task model (head initialised, encoder from the checkpoint, or everything initialised with
+    ``run_args.random_init``), LoRA-wrapped if asked; and the image size (height, width) the checkpoint was trained
+    at."""
     path, task = run_args.model_name_or_path, run_args.task
     model_type = checkpoint_model_type(path, task)
     labels = (
@@ -707,7 +716,10 @@ def load_model(
     if model_type == "vit":
         if model_args.input_modalities != ["rgb"]:
             raise UsageError(f"--input_modalities {model_args.input_modalities}: a ViT checkpoint reads rgb only")
-        model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
+        if run_args.random_init:
+            model = ViTForImageClassification(ViTConfig.from_pretrained(path, **labels))
+        else:
+            model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
         size = model.config.image_size
         height, width = (size, size) if isinstance(size, int) else size
         if height != width:
@@ -724,7 +736,10 @@ def load_model(
         if unknown:
             raise UsageError(f"--input_modalities {unknown}: {path} has the modalities {known}")
         config.finetune_modalities = list(model_args.input_modalities)
-        model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
+        if run_args.random_init:
+            model = model_class(config)
+        else:
+            model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
         image_size = (config.image_height, config.image_width)
     if lora_args.use_lora:
         model = get_peft_model(

@@ -35,6 +35,7 @@ from transformers import (
     PreTrainedModel,
 )
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -78,6 +79,26 @@ def unpatchify(patches: torch.Tensor, patch_size: int, grid_height: int, grid_wi
     channels = patches.shape[-1] // (patch_size * patch_size)
     images = patches.reshape(batch, grid_height, grid_width, patch_size, patch_size, channels)
     return images.permute(0, 5, 1, 3, 2, 4).reshape(batch, channels, grid_height * patch_size, grid_width * patch_size)
+
+
+def prepare_depth(spec: ModalitySpec, depth: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A depth modality's values as the model sees and reconstructs them, for ``depth`` (B, C, H, W): the values
+    (invalid pixels 0), the valid-pixel mask (positive, finite, at most ``spec.max_depth``) and each image's mean and
+    standard deviation (B, 1, 1, 1) of its valid pixels (0 and 1 unless ``spec.depth_normalization`` is
+    ``"standardize"``; a constant image keeps 1) that map the values back to depth units: ``values * std + mean``."""
+    valid = (depth > 0) & torch.isfinite(depth)
+    if spec.max_depth is not None:
+        valid = valid & (depth <= spec.max_depth)
+    zero = torch.zeros((), dtype=depth.dtype, device=depth.device)
+    values = torch.where(valid, depth, zero)
+    mean, std = torch.zeros_like(depth[:, :1, :1, :1]), torch.ones_like(depth[:, :1, :1, :1])
+    if spec.depth_normalization == "standardize":
+        count = valid.sum(dim=(1, 2, 3), keepdim=True).clamp_min(1)
+        mean = values.sum(dim=(1, 2, 3), keepdim=True) / count
+        variance = torch.where(valid, (values - mean) ** 2, zero).sum(dim=(1, 2, 3), keepdim=True) / count
+        std = torch.where(variance > 0, variance.sqrt(), torch.ones_like(variance))
+        values = torch.where(valid, (values - mean) / std, zero)
+    return values, valid, mean, std
 
 
 def _check_class_ids(ids: torch.Tensor, num_classes: int, ignore_index: int, what: str) -> None:
@@ -155,8 +176,8 @@ class MultiMAEPatchEmbedding(nn.Module):
             values = self.class_embedding(ids).permute(0, 3, 1, 2)
         else:
             values = values.to(self.projection.weight.dtype)
-            if self.spec.kind == "depth":  # non-finite = no measurement, like 0 (and no NaN in any gradient)
-                values = torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            if self.spec.kind == "depth":  # invalid pixels (0, non-finite, beyond max_depth) enter as 0
+                values = prepare_depth(self.spec, values)[0]
         return self.projection(values).flatten(2).transpose(1, 2)
 
 
@@ -171,8 +192,51 @@ class MultiMAEEmbeddings(nn.Module):
         )
 
 
+class MultiMAECrossAttention(nn.Module):
+    """MultiMAE's decoder cross-attention block: the queries attend to the context (pre-norm on both, multi-head,
+    residual), then a pre-norm MLP (residual). Sizes, activation and dropouts from the decoder's config."""
+
+    def __init__(self, config: MultiMAEConfig) -> None:
+        super().__init__()
+        width, eps = config.hidden_size, config.layer_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.query_norm = nn.LayerNorm(width, eps=eps)
+        self.context_norm = nn.LayerNorm(width, eps=eps)
+        self.query = nn.Linear(width, width, bias=config.qkv_bias)
+        self.key = nn.Linear(width, width, bias=config.qkv_bias)
+        self.value = nn.Linear(width, width, bias=config.qkv_bias)
+        self.output = nn.Linear(width, width)
+        self.mlp_norm = nn.LayerNorm(width, eps=eps)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, config.intermediate_size),
+            ACT2FN[config.hidden_act],
+            nn.Linear(config.intermediate_size, width),
+        )
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def _heads(self, values: torch.Tensor) -> torch.Tensor:
+        batch, length, width = values.shape
+        return values.view(batch, length, self.num_heads, width // self.num_heads).transpose(1, 2)
+
+    def forward(self, queries: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None) -> torch.Tensor:
+        """``queries`` (B, N, D), ``context`` (B, S, D), ``context_mask`` (B, S) 1 for real tokens, or None."""
+        normed = self.context_norm(context)
+        attended = F.scaled_dot_product_attention(
+            self._heads(self.query(self.query_norm(queries))),
+            self._heads(self.key(normed)),
+            self._heads(self.value(normed)),
+            attn_mask=None if context_mask is None else context_mask.bool()[:, None, None, :],
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )
+        hidden = queries + self.dropout(self.output(attended.transpose(1, 2).flatten(2)))
+        return hidden + self.dropout(self.mlp(self.mlp_norm(hidden)))
+
+
 class MultiMAEDecoder(nn.Module):
-    """The decoder of one modality: encoded context tokens + one query per patch -> ViT layers -> patch values."""
+    """The decoder of one modality: one query per patch, predicting every patch's values from the encoded context
+    tokens. ``decoder_type="cross_attention"`` (MultiMAE): a cross-attention block from the queries to the context,
+    then ViT layers over the queries; ``"joint"``: ViT layers over the context and the queries together."""
 
     def __init__(self, config: MultiMAEConfig, spec: ModalitySpec) -> None:
         super().__init__()
@@ -184,6 +248,8 @@ class MultiMAEDecoder(nn.Module):
         self.decoder_embed = nn.Linear(config.hidden_size, config.decoder_hidden_size)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, config.decoder_hidden_size))
         self.modality_embeddings = nn.Parameter(torch.zeros(len(config.modalities), config.decoder_hidden_size))
+        if config.decoder_type == "cross_attention":
+            self.cross_attention = MultiMAECrossAttention(decoder_config)
         self.layers = nn.ModuleList([ViTLayer(decoder_config) for _ in range(config.decoder_num_hidden_layers)])
         self.norm = nn.LayerNorm(config.decoder_hidden_size, eps=config.layer_norm_eps)
         self.prediction = nn.Linear(config.decoder_hidden_size, config.patch_size**2 * spec.output_channels)
@@ -208,6 +274,11 @@ class MultiMAEDecoder(nn.Module):
         )
         context = self.decoder_embed(encoded) + context_positions + modality_embedding
         queries = self.mask_token + query_positions + self.modality_embeddings[query_modality]
+        if self.config.decoder_type == "cross_attention":
+            hidden = self.cross_attention(queries.expand(batch, -1, -1), context, attention_mask)
+            for layer in self.layers:
+                hidden = layer(hidden)
+            return self.prediction(self.norm(hidden))
         hidden = torch.cat([context, queries.expand(batch, -1, -1)], dim=1)
         if attention_mask is not None:
             padding = torch.ones(batch, queries.shape[1], dtype=attention_mask.dtype, device=attention_mask.device)
@@ -482,13 +553,15 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
                 logits.flatten(0, 2).float(), ids.clamp(0, spec.num_classes - 1).flatten(), reduction="none"
             )
             return (losses * valid.flatten()).sum(), valid.sum(), predicted
-        values = patchify(target.to(predicted.dtype), patch)  # (B, N, p*p*C)
+        target = target.to(predicted.dtype)
+        if spec.kind == "depth":  # invalid pixels (0, non-finite, beyond max_depth) are not targets
+            target, measured, depth_mean, depth_std = prepare_depth(spec, target)
+        values = patchify(target, patch)  # (B, N, p*p*C)
         valid = hidden_patches[..., None].expand_as(values)
-        if spec.kind == "depth":  # 0 (or non-finite) = no measurement: not a target
-            measured = (values > 0) & torch.isfinite(values)
-            values = torch.where(measured, values, torch.zeros((), dtype=values.dtype, device=values.device))
-            valid = valid & measured
         prediction = predicted
+        if spec.kind == "depth":
+            valid = valid & patchify(measured, patch)
+            prediction = predicted * depth_std.flatten(1)[..., None] + depth_mean.flatten(1)[..., None]
         if spec.kind == "rgb" and spec.loss == "mse" and spec.norm_pix_loss:
             mean = values.mean(dim=-1, keepdim=True)
             std = (values.var(dim=-1, keepdim=True) + 1e-6).sqrt()
