@@ -530,6 +530,29 @@ class MinimaxTrainer(Trainer):
             summary["task_weight_effective_number"] = round(math.exp(entropy), 4)
         return summary
 
+    def task_log_history(self) -> list[dict[str, Any]]:
+        """The log history with every task's ``task_loss/<name>`` and ``task_weight/<name>``: as logged, or, when
+        ``T > max_logged_tasks`` kept them out of the logs, merged in from ``task_metrics.jsonl`` by step."""
+        path = os.path.join(self.args.output_dir, TASK_METRICS_NAME)
+        history = self.state.log_history
+        if not os.path.isfile(path) or any(f"task_weight/{self.task_names[0]}" in entry for entry in history):
+            return history
+        per_step: dict[int, dict[str, float]] = {}
+        with open(path) as stream:
+            for line in stream:
+                entry = json.loads(line)
+                if "step" not in entry:  # the header line of task names
+                    continue
+                values = {f"task_weight/{n}": w for n, w in zip(self.task_names, entry["task_weight"], strict=True)}
+                values.update(
+                    (f"task_loss/{name}", loss)
+                    for name, loss in zip(self.task_names, entry["task_loss"], strict=True)
+                    if loss is not None
+                )
+                per_step[entry["step"]] = values
+        merged = [{**entry, **per_step.pop(entry["step"], {})} if "step" in entry else entry for entry in history]
+        return merged + [{"step": step, **values} for step, values in sorted(per_step.items())]
+
     def _write_task_metrics(self, sums: torch.Tensor, counts: torch.Tensor) -> None:
         """Append ``{"step", "task_loss", "task_weight"}`` to ``task_metrics.jsonl`` in ``output_dir`` (main process
         only), the values in task-id order as the per-task logs would give them (``null``: no targets since the last

@@ -146,6 +146,13 @@ def test_many_tasks_log_a_summary_and_write_every_value_to_the_jsonl(tmp_path):
         p = weights[weights > 0] / weights.sum()
         assert new["task_weight_entropy"] == pytest.approx(float(-(p * np.log(p)).sum()), abs=1e-4)
         assert new["loss"] == old["loss"]
+    # the trajectory plot's history: the per-task values of the JSONL merged back, equal to the per-task logs
+    per_task_history = [entry for entry in compact.task_log_history() if "loss" in entry and "step" in entry]
+    for old, merged in zip(full_logs, per_task_history, strict=True):
+        assert {k: v for k, v in merged.items() if "/" in k} == {
+            k: pytest.approx(v, abs=1e-6) for k, v in old.items() if k.startswith(("task_loss/", "task_weight/"))
+        }
+    assert full.task_log_history() is full.state.log_history  # per-task values logged: the history as it is
 
 
 def test_a_resumed_run_neither_duplicates_nor_loses_jsonl_lines(tmp_path):

@@ -100,6 +100,9 @@ def class_legend(label_names: Sequence[str]) -> list[Any]:
 # --------------------------------------------------------------------------------------------- pre-training runs
 
 
+MAX_LEGEND_TASKS = 20  # more tasks: lines without a legend (it would cover the panel)
+
+
 def plot_task_trajectories(task_names: list[str], log_history: list[dict[str, Any]], path: str | Path) -> Path:
     """Two panels over optimizer steps, each task's weight and each task's training loss, saved as a PNG."""
     return _save(trajectory_figure(task_names, log_history), path, dpi=110)
@@ -107,7 +110,7 @@ def plot_task_trajectories(task_names: list[str], log_history: list[dict[str, An
 
 def trajectory_figure(task_names: list[str], log_history: list[dict[str, Any]]) -> Figure:
     """The figure of :func:`plot_task_trajectories`. A panel with no logged values says so instead of staying empty;
-    points are marked, so that a single logged step shows."""
+    points are marked, so that a single logged step shows; a legend names up to ``MAX_LEGEND_TASKS`` tasks."""
     plt = _pyplot()
     fig, (ax_w, ax_l) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     colors = plt.get_cmap("tab10")
@@ -127,7 +130,7 @@ def trajectory_figure(task_names: list[str], log_history: list[dict[str, Any]]) 
             ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     ax_w.set(title="task weight", xlabel="optimizer step", ylabel="weight")
     ax_l.set(title="task training loss (mean over each logging window)", xlabel="optimizer step", ylabel="loss")
-    if ax_l.lines:
+    if ax_l.lines and len(task_names) <= MAX_LEGEND_TASKS:
         ax_l.legend(loc="upper right", fontsize=8, ncol=2)
     return fig
 

@@ -98,6 +98,6 @@ def write_report_and_card(trainer: MinimaxTrainer, report: dict[str, Any], rende
         print(f"held-out scores: {score_line(report['scores'])}", flush=True)
     output_dir = Path(trainer.args.output_dir)
     write_task_report(report, output_dir)
-    plot_task_trajectories(report["tasks"], trainer.state.log_history, output_dir / TRAJECTORY_PLOT_NAME)
+    plot_task_trajectories(report["tasks"], trainer.task_log_history(), output_dir / TRAJECTORY_PLOT_NAME)
     trainer.card_renderer = render_card
     trainer.create_model_card()
