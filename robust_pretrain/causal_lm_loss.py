@@ -225,14 +225,13 @@ class ChunkedNextTokenLoss:
         self._handle = head.register_forward_pre_hook(self._compute_losses)
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, chunk_size: int) -> ChunkedNextTokenLoss:
-        """Hook the output embeddings of ``model`` (also inside a peft wrapper)."""
+    def attach(cls, model: torch.nn.Module, chunk_size: int) -> ChunkedNextTokenLoss | None:
+        """Hook the output embeddings of ``model`` (also inside a peft wrapper); ``None`` for a model without any
+        (``get_output_embeddings``), whose own logits are then used."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         get_output = getattr(base, "get_output_embeddings", None)
         head = get_output() if callable(get_output) else None
-        if head is None:
-            raise ValueError(f"{OPTION}: {type(base).__name__} has no output embeddings (get_output_embeddings)")
-        return cls(base, head, chunk_size)
+        return None if head is None else cls(base, head, chunk_size)
 
     @contextmanager
     def targets(

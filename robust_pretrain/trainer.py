@@ -188,7 +188,10 @@ class MinimaxTrainer(Trainer):
             reason = "torch_compile" if self.args.torch_compile else running.value
             logger.warning(f"causal_lm_chunk_size is not supported with {reason}: the model computes its full logits")
             return None
-        return ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
+        chunked = ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
+        if chunked is None:
+            logger.info(f"causal_lm_chunk_size: {type(self.model).__name__} has no output embeddings; its logits serve")
+        return chunked
 
     @property
     def num_tasks(self) -> int:

@@ -132,7 +132,7 @@ def test_dense_card_states_task_metrics_protocol_and_data(tmp_path: Path) -> Non
         layer_decay=0.75,
     )
     content = dense_card_content(
-        SimpleNamespace(task="depth", model_name_or_path=str(tmp_path / "runs" / "mm-mae")),
+        SimpleNamespace(task="depth", model_name_or_path=str(tmp_path / "runs" / "mm-mae"), random_init=False),
         SimpleNamespace(input_modalities=["rgb", "depth"]),
         LoraArguments(),
         training_args,
