@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_trainer_step import prepare, step
 from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
@@ -82,24 +83,10 @@ def make_trainer(config: str, out: Path, reference: Path, cli: argparse.Namespac
     return MinimaxTrainer(model=model, args=MinimaxTrainingArguments(**common, task_names=TASKS, **online))
 
 
-def step(trainer: Trainer, micro_batches: list[dict[str, torch.Tensor]], plain: bool) -> None:
-    device = trainer.args.device
-    inputs = [{k: v.to(device) for k, v in b.items() if not (plain and k == "task_ids")} for b in micro_batches]
-    samples, num_items = trainer.get_batch_samples(iter(inputs), len(inputs), device)
-    trainer.current_gradient_accumulation_steps = len(inputs)
-    for sample in samples:
-        trainer.training_step(trainer.model, sample, num_items)
-    trainer.optimizer.step()
-    trainer.model.zero_grad()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def time_interleaved(cli: argparse.Namespace, accumulation: int, out: Path, reference: Path) -> dict[str, list[float]]:
     trainers = {c: make_trainer(c, out, reference, cli, accumulation) for c in CONFIGS}
     for trainer in trainers.values():
-        trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
-        trainer.model.to(trainer.args.device)
+        prepare(trainer)
         trainer.model.train()
     batches = make_batches((cli.rounds + cli.warmup) * accumulation, cli.batch_size, cli.seq_len)
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
