@@ -26,32 +26,14 @@ import time
 from pathlib import Path
 
 import torch
-from bench_trainer_step import prepare, step
+from bench_trainer_step import TASKS, make_batches, prepare, step
 from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 
 RESULTS = Path(__file__).with_name("results")
-TASKS = ["verb", "noun", "adjective", "determiner", "adverb", "pronoun", "preposition", "conjunction", "interjection"]
 CONFIGS = ("plain", "minimax", "minimax-reference")
 VOCAB = 30522
-
-
-def make_batches(n: int, batch: int, seq: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(n):
-        ids = torch.randint(1000, VOCAB, (batch, seq), generator=g)
-        target = torch.rand(batch, seq, generator=g) < 0.15
-        batches.append(
-            {
-                "input_ids": torch.where(target, 103, ids),
-                "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-                "labels": torch.where(target, ids, -100),
-                "task_ids": torch.where(target, torch.randint(0, len(TASKS), (batch, seq), generator=g), -100),
-            }
-        )
-    return batches
 
 
 def bert(layers: int, hidden: int, seq: int, seed: int) -> BertForMaskedLM:
@@ -88,7 +70,7 @@ def time_interleaved(cli: argparse.Namespace, accumulation: int, out: Path, refe
     for trainer in trainers.values():
         prepare(trainer)
         trainer.model.train()
-    batches = make_batches((cli.rounds + cli.warmup) * accumulation, cli.batch_size, cli.seq_len)
+    batches = make_batches((cli.rounds + cli.warmup) * accumulation, cli.batch_size, cli.seq_len, VOCAB)
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
     for i in range(cli.rounds + cli.warmup):
         micro_batches = batches[i * accumulation : (i + 1) * accumulation]
