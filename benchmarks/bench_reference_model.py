@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_trainer_step import TASKS, make_batches, prepare, step
-from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
+from bench_trainer_step import TASKS, bert_config, make_batches, prepare, step
+from transformers import BertForMaskedLM, Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 
@@ -38,14 +38,7 @@ VOCAB = 30522
 
 def bert(layers: int, hidden: int, seq: int, seed: int) -> BertForMaskedLM:
     torch.manual_seed(seed)
-    config = BertConfig(
-        num_hidden_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-        max_position_embeddings=max(512, seq),
-    )
-    return BertForMaskedLM(config)
+    return BertForMaskedLM(bert_config(layers, hidden, seq))
 
 
 def make_trainer(config: str, out: Path, reference: Path, cli: argparse.Namespace, accumulation: int) -> Trainer:

@@ -60,15 +60,20 @@ def make_batches(n: int, batch: int, seq: int, vocab: int, seed: int = 0) -> lis
     return batches
 
 
-def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> Trainer:
-    torch.manual_seed(0)
-    bert = BertConfig(
+def bert_config(layers: int, hidden: int, seq: int) -> BertConfig:
+    """A BERT of ``layers`` layers of width ``hidden`` (heads of 64, FFN 4x) for sequences of ``seq`` tokens."""
+    return BertConfig(
         num_hidden_layers=layers,
         hidden_size=hidden,
         num_attention_heads=max(1, hidden // 64),
         intermediate_size=4 * hidden,
         max_position_embeddings=max(512, seq),
     )
+
+
+def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> Trainer:
+    torch.manual_seed(0)
+    bert = bert_config(layers, hidden, seq)
     model = (SparsePredictionBertForMaskedLM if config == BEST_PRACTICE else BertForMaskedLM)(bert)
     common = dict(
         output_dir=out,
