@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_trainer_step import prepare, step
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
@@ -93,22 +94,6 @@ def make_trainer(config: str, out: str, cli: argparse.Namespace) -> Trainer:
     return MinimaxTrainer(model=model, args=args)
 
 
-def step(trainer: Trainer, batch: dict[str, torch.Tensor], plain: bool) -> None:
-    inputs = {k: v.to(trainer.args.device) for k, v in batch.items() if not (plain and k == "task_ids")}
-    samples, num_items = trainer.get_batch_samples(iter([inputs]), 1, trainer.args.device)
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.training_step(trainer.model, samples[0], num_items)
-    trainer.optimizer.step()
-    trainer.model.zero_grad()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def prepare(trainer: Trainer) -> None:
-    trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
-    trainer.model.to(trainer.args.device)
-
-
 def time_interleaved(configs: list[str], cli: argparse.Namespace) -> dict[str, list[float]]:
     batches = make_batches(cli.rounds + cli.warmup, cli)
     with tempfile.TemporaryDirectory() as out:
@@ -119,7 +104,7 @@ def time_interleaved(configs: list[str], cli: argparse.Namespace) -> dict[str, l
         for i, batch in enumerate(batches):
             for config in configs if i % 2 == 0 else configs[::-1]:
                 start = time.perf_counter()
-                step(trainers[config], batch, config == "plain")
+                step(trainers[config], [batch], config == "plain")
                 if i >= cli.warmup:
                     times[config].append(time.perf_counter() - start)
             print(f"round {i}: " + ", ".join(f"{c} {times[c][-1]:.2f}s" for c in configs if times[c]), flush=True)
@@ -137,7 +122,7 @@ def measure_step_memory_here(config: str, cli: argparse.Namespace) -> dict[str, 
         trainer = make_trainer(config, out, cli)
         prepare(trainer)
         warmup, *measured = make_batches(3, cli)
-        step(trainer, warmup, config == "plain")
+        step(trainer, [warmup], config == "plain")
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             baseline = torch.cuda.memory_allocated() / 2**20
@@ -145,7 +130,7 @@ def measure_step_memory_here(config: str, cli: argparse.Namespace) -> dict[str, 
             baseline = proc_status_mb("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
         for batch in measured:
-            step(trainer, batch, config == "plain")
+            step(trainer, [batch], config == "plain")
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else proc_status_mb("VmHWM")
     return {"baseline_mb": baseline, "peak_mb": peak, "step_peak_mb": peak - baseline}
 

@@ -26,43 +26,19 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
+from bench_trainer_step import TASKS, bert_config, make_batches, prepare, step
+from transformers import BertForMaskedLM, Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 
 RESULTS = Path(__file__).with_name("results")
-TASKS = ["verb", "noun", "adjective", "determiner", "adverb", "pronoun", "preposition", "conjunction", "interjection"]
 CONFIGS = ("plain", "minimax", "minimax-reference")
 VOCAB = 30522
 
 
-def make_batches(n: int, batch: int, seq: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(n):
-        ids = torch.randint(1000, VOCAB, (batch, seq), generator=g)
-        target = torch.rand(batch, seq, generator=g) < 0.15
-        batches.append(
-            {
-                "input_ids": torch.where(target, 103, ids),
-                "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-                "labels": torch.where(target, ids, -100),
-                "task_ids": torch.where(target, torch.randint(0, len(TASKS), (batch, seq), generator=g), -100),
-            }
-        )
-    return batches
-
-
 def bert(layers: int, hidden: int, seq: int, seed: int) -> BertForMaskedLM:
     torch.manual_seed(seed)
-    config = BertConfig(
-        num_hidden_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-        max_position_embeddings=max(512, seq),
-    )
-    return BertForMaskedLM(config)
+    return BertForMaskedLM(bert_config(layers, hidden, seq))
 
 
 def make_trainer(config: str, out: Path, reference: Path, cli: argparse.Namespace, accumulation: int) -> Trainer:
@@ -82,26 +58,12 @@ def make_trainer(config: str, out: Path, reference: Path, cli: argparse.Namespac
     return MinimaxTrainer(model=model, args=MinimaxTrainingArguments(**common, task_names=TASKS, **online))
 
 
-def step(trainer: Trainer, micro_batches: list[dict[str, torch.Tensor]], plain: bool) -> None:
-    device = trainer.args.device
-    inputs = [{k: v.to(device) for k, v in b.items() if not (plain and k == "task_ids")} for b in micro_batches]
-    samples, num_items = trainer.get_batch_samples(iter(inputs), len(inputs), device)
-    trainer.current_gradient_accumulation_steps = len(inputs)
-    for sample in samples:
-        trainer.training_step(trainer.model, sample, num_items)
-    trainer.optimizer.step()
-    trainer.model.zero_grad()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def time_interleaved(cli: argparse.Namespace, accumulation: int, out: Path, reference: Path) -> dict[str, list[float]]:
     trainers = {c: make_trainer(c, out, reference, cli, accumulation) for c in CONFIGS}
     for trainer in trainers.values():
-        trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
-        trainer.model.to(trainer.args.device)
+        prepare(trainer)
         trainer.model.train()
-    batches = make_batches((cli.rounds + cli.warmup) * accumulation, cli.batch_size, cli.seq_len)
+    batches = make_batches((cli.rounds + cli.warmup) * accumulation, cli.batch_size, cli.seq_len, VOCAB)
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
     for i in range(cli.rounds + cli.warmup):
         micro_batches = batches[i * accumulation : (i + 1) * accumulation]

@@ -60,15 +60,20 @@ def make_batches(n: int, batch: int, seq: int, vocab: int, seed: int = 0) -> lis
     return batches
 
 
-def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> Trainer:
-    torch.manual_seed(0)
-    bert = BertConfig(
+def bert_config(layers: int, hidden: int, seq: int) -> BertConfig:
+    """A BERT of ``layers`` layers of width ``hidden`` (heads of 64, FFN 4x) for sequences of ``seq`` tokens."""
+    return BertConfig(
         num_hidden_layers=layers,
         hidden_size=hidden,
         num_attention_heads=max(1, hidden // 64),
         intermediate_size=4 * hidden,
         max_position_embeddings=max(512, seq),
     )
+
+
+def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> Trainer:
+    torch.manual_seed(0)
+    bert = bert_config(layers, hidden, seq)
     model = (SparsePredictionBertForMaskedLM if config == BEST_PRACTICE else BertForMaskedLM)(bert)
     common = dict(
         output_dir=out,
@@ -87,11 +92,14 @@ def make_trainer(config: str, out: str, layers: int, hidden: int, seq: int) -> T
     return MinimaxTrainer(model=model, args=args)
 
 
-def step(trainer: Trainer, batch: dict[str, torch.Tensor], plain: bool) -> None:
-    inputs = {k: v for k, v in batch.items() if not (plain and k == "task_ids")}
-    samples, num_items = trainer.get_batch_samples(iter([inputs]), 1, trainer.args.device)
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.training_step(trainer.model, samples[0], num_items)
+def step(trainer: Trainer, micro_batches: list[dict[str, torch.Tensor]], plain: bool) -> None:
+    """One optimizer step as the Trainer's loop runs it over ``micro_batches`` (``task_ids`` dropped if ``plain``)."""
+    device = trainer.args.device
+    inputs = [{k: v.to(device) for k, v in b.items() if not (plain and k == "task_ids")} for b in micro_batches]
+    samples, num_items = trainer.get_batch_samples(iter(inputs), len(inputs), device)
+    trainer.current_gradient_accumulation_steps = len(inputs)
+    for sample in samples:
+        trainer.training_step(trainer.model, sample, num_items)
     trainer.optimizer.step()
     trainer.model.zero_grad()
     if torch.cuda.is_available():
@@ -115,7 +123,7 @@ def time_interleaved(configs: list[str], rounds: int, warmup: int, cli: argparse
             for config in order:
                 batch_on_device = {k: v.to(trainers[config].args.device) for k, v in batch.items()}
                 start = time.perf_counter()
-                step(trainers[config], batch_on_device, config in PLAIN)
+                step(trainers[config], [batch_on_device], config in PLAIN)
                 if i >= warmup:
                     times[config].append(time.perf_counter() - start)
     return times
@@ -147,7 +155,7 @@ def measure_memory_here(config: str, cli: argparse.Namespace) -> float:
         trainer = make_trainer(config, out, cli.layers, cli.hidden, cli.seq_len)
         prepare(trainer)
         for batch in make_batches(4, cli.batch_size, cli.seq_len, 30522):
-            step(trainer, {k: v.to(trainer.args.device) for k, v in batch.items()}, config in PLAIN)
+            step(trainer, [{k: v.to(trainer.args.device) for k, v in batch.items()}], config in PLAIN)
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
     # VmHWM is this process's own peak RSS (ru_maxrss would include the parent's peak, inherited at fork)

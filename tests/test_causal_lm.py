@@ -68,6 +68,18 @@ def plain_trainer_grads(tmp_path, make_model, examples, **overrides) -> dict[str
     return recorder.grads
 
 
+def assert_two_gloo_processes_give_plain_trainer_grads(tmp_path, *options: str) -> None:
+    """``tiny_causal_lm.py`` on 2 gloo processes (2 examples x 2 micro-batches each, then ``options``): each rank's
+    first-step gradient is the plain Trainer's on the same 8 examples."""
+    out = tmp_path / "ddp"
+    command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
+    batches = ["--batch_size", "2", "--grad_accum", "2"]
+    subprocess.run([*command, *batches, *options], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
+    plain = plain_trainer_grads(tmp_path / "plain", tiny_llama, domain_examples(8))
+    for rank in (0, 1):
+        assert max_relative_difference(plain, load_file(out / f"grads-rank{rank}.safetensors")) <= 1e-5, rank
+
+
 class CausalByLossType(torch.nn.Module):
     loss_type = "ForCausalLM"
 
@@ -135,13 +147,7 @@ def test_label_smoothing_gives_the_plain_trainer_gradient(tmp_path):
 @pytest.mark.slow
 def test_two_gloo_processes_give_the_plain_trainer_gradient(tmp_path):
     """2 processes x 2 examples x 2 micro-batches (rows of different lengths): the plain Trainer's gradient."""
-    out = tmp_path / "ddp"
-    command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
-    options = ["--batch_size", "2", "--grad_accum", "2"]
-    subprocess.run([*command, *options], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
-    plain = plain_trainer_grads(tmp_path / "plain", tiny_llama, domain_examples(8))
-    for rank in (0, 1):
-        assert max_relative_difference(plain, load_file(out / f"grads-rank{rank}.safetensors")) <= 1e-5, rank
+    assert_two_gloo_processes_give_plain_trainer_grads(tmp_path)
 
 
 def test_each_domain_loss_is_the_mean_next_token_loss_of_its_sequences(tmp_path):

@@ -1,15 +1,10 @@
 """Chunked next-token losses (``causal_lm_chunk_size``): the losses and gradients of the full logits, without them."""
 
-import subprocess
-
 import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
-from ports import free_port
-from processes import TESTS, checkout_env
-from safetensors.torch import load_file
-from test_causal_lm import LAUNCH, plain_trainer_grads
+from test_causal_lm import assert_two_gloo_processes_give_plain_trainer_grads, plain_trainer_grads
 from test_trainer import max_relative_difference, one_step
 from tiny_causal_lm import (
     LLAMA_STYLE_SIZE,
@@ -264,13 +259,7 @@ def test_predictions_collected_in_evaluation_get_the_full_logits(tmp_path):
 
 @pytest.mark.slow
 def test_two_gloo_processes_in_chunks_give_the_plain_trainer_gradient(tmp_path):
-    out = tmp_path / "ddp"
-    command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
-    options = ["--batch_size", "2", "--grad_accum", "2", "--chunk_size", "5"]
-    subprocess.run([*command, *options], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
-    plain = plain_trainer_grads(tmp_path / "plain", tiny_llama, domain_examples(8))
-    for rank in (0, 1):
-        assert max_relative_difference(plain, load_file(out / f"grads-rank{rank}.safetensors")) <= 1e-5, rank
+    assert_two_gloo_processes_give_plain_trainer_grads(tmp_path, "--chunk_size", "5")
 
 
 def test_with_torch_compile_the_model_computes_its_full_logits_and_says_so(tmp_path, capfd, caplog):

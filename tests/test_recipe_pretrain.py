@@ -746,3 +746,33 @@ def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, mo
         p.name for p in output_dir.iterdir()
     }
     assert read_json(output_dir / "trainer_state.json")["global_step"] == 2
+
+
+def test_the_named_tokenizer_and_the_option_that_named_it(tmp_path: Path) -> None:
+    """--tokenizer_name before --model_name_or_path; resuming a from-scratch run, its checkpoint's own tokenizer."""
+    tokenizer, source = recipe_common.named_tokenizer(None, str(MINILM), None)
+    assert source == f"--model_name_or_path {MINILM}" and len(tokenizer) == 30522  # MiniLM's WordPiece vocabulary
+    (tmp_path / "no-tokenizer").mkdir()
+    with pytest.raises(UsageError, match=r"^--tokenizer_name \S+no-tokenizer: no tokenizer could be loaded from it"):
+        recipe_common.named_tokenizer(str(tmp_path / "no-tokenizer"), str(MINILM), None)
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    assert recipe_common.named_tokenizer(None, None, str(checkpoint)) is None  # no tokenizer.json: train one
+    assert recipe_common.named_tokenizer(None, None, None) is None
+    tokenizer.save_pretrained(checkpoint)
+    resumed, source = recipe_common.named_tokenizer(None, None, str(checkpoint))
+    assert source == f"--model_name_or_path {checkpoint}" and resumed.get_vocab() == tokenizer.get_vocab()
+
+
+def test_a_single_process_trains_the_tokenizer_once_and_saves_no_copy(tmp_path: Path) -> None:
+    args = recipe_common.MinimaxTrainingArguments(
+        output_dir=str(tmp_path / "out"), task_names=["verb", "noun"], use_cpu=True, report_to=[]
+    )
+    trained = []
+
+    def train() -> object:
+        trained.append(object())
+        return trained[-1]
+
+    assert recipe_common.train_tokenizer_once(args, "training", train) is trained[0] and len(trained) == 1
+    assert not (tmp_path / "out").exists()

@@ -4,10 +4,10 @@ report, the model card, the console line, the comparison's tables and the fronti
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_aggregation import Row
 from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
 
 from robust_pretrain.data import DEFAULT_POS_TASKS
@@ -20,21 +20,6 @@ from robust_pretrain.reporting.plots import frontier_figure, plot_comparison
 from robust_pretrain.reporting.scoring import aggregate_scores, score_line, score_losses, task_mismatch
 from robust_pretrain.reporting.tables import scores_markdown, suite_markdown
 from robust_pretrain.reporting.task_report import task_report
-
-
-@dataclass(frozen=True)
-class SuiteRow:
-    """A downstream task row of the suite (the fields :func:`summarize_suite` reads)."""
-
-    name: str
-    display_name: str
-    higher_is_better: bool = True
-    family: str = "toy"
-
-    @property
-    def header(self) -> str:
-        return f"{self.display_name} (acc)"
-
 
 LOSSES = {"a": 2.0, "b": 3.0, "c": 1.0}
 REFERENCE = {"a": 1.5, "b": 2.9, "c": 0.2}
@@ -248,7 +233,7 @@ def test_suite_upstream_rows(tmp_path: Path) -> None:
         {"checkpoint": checkpoint, "task": "rte", "seed": 1, "score": 60.0 + i, "metrics": {}}
         for i, checkpoint in enumerate(checkpoints)
     ]
-    summary = summarize_suite(cells, [SuiteRow("rte", "RTE")], [1], checkpoints[0])
+    summary = summarize_suite(cells, [Row("rte", "RTE")], [1], checkpoints[0])
     upstream = summary["upstream"]
     assert upstream["tasks"] == ["a", "b"] and upstream["skipped"] == [checkpoints[2]]
     assert upstream["baseline"] == checkpoints[0] and upstream["reference_losses"] == {"a": 1.5, "b": 3.5}
@@ -267,5 +252,5 @@ def test_suite_upstream_rows(tmp_path: Path) -> None:
     assert "Metric: regret L_t / L_t(baseline) (lower is better; the baseline is 1 on every task); baseline: base." in (
         markdown
     )
-    hub_only = summarize_suite(cells[3:], [SuiteRow("rte", "RTE")], [1], None)
+    hub_only = summarize_suite(cells[3:], [Row("rte", "RTE")], [1], None)
     assert hub_only["upstream"] is None and "Upstream" not in suite_markdown(hub_only)

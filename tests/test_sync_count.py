@@ -16,7 +16,7 @@ import torch
 from processes import REPO_ROOT
 from sync_counting import DeviceSyncCounter, count_step_syncs, mark_on_device
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
-from tiny_vision import random_batch, tiny_config
+from tiny_vision import BatchExamples, random_batch, tiny_config
 from transformers import Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
@@ -79,19 +79,8 @@ def multimae_step_args(output_dir: str, **minimax: object) -> dict:
     return dict(output_dir=output_dir, remove_unused_columns=False, **STEP, **minimax)
 
 
-class _Examples(torch.utils.data.Dataset):
-    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
-        self.batch = batch
-
-    def __len__(self) -> int:
-        return len(self.batch["rgb"])
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {key: value[index] for key, value in self.batch.items()}
-
-
 def test_multimae_minimax_step_syncs_within_the_plain_trainer_step(tmp_path):
-    data = _Examples(random_batch(batch=16))
+    data = BatchExamples(random_batch(batch=16))
     torch.manual_seed(0)
     plain = Trainer(
         model=MultiMAEForPreTraining(tiny_config()),

@@ -16,7 +16,7 @@ from PIL import Image
 from ports import free_port
 from processes import checkout_env
 from safetensors.torch import load_file, save_file
-from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, random_batch, tiny_config
+from tiny_vision import IMAGE, NUM_CLASSES, NUM_PATCHES, PATCH, BatchExamples, random_batch, tiny_config
 from torch.nn import functional as F
 from transformers import (
     AutoImageProcessor,
@@ -369,17 +369,6 @@ def test_vit_export_round_trip(tmp_path, capsys):
         export_vit(model, tmp_path / "vit3", modality="semseg")
 
 
-class _Examples(torch.utils.data.Dataset):
-    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
-        self.batch = batch
-
-    def __len__(self) -> int:
-        return len(self.batch["rgb"])
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {key: value[index] for key, value in self.batch.items()}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("modalities", [("rgb", "depth", "semseg"), ("rgb", "semseg")])
 def test_minimax_trainer_trains_multimae_and_logs_task_losses(modalities, tmp_path):
@@ -398,7 +387,7 @@ def test_minimax_trainer_trains_multimae_and_logs_task_losses(modalities, tmp_pa
         disable_tqdm=True,
         remove_unused_columns=False,
     )
-    data = _Examples(random_batch(batch=8, modalities=modalities))
+    data = BatchExamples(random_batch(batch=8, modalities=modalities))
     trainer = MinimaxTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -452,13 +441,13 @@ def test_plain_trainer_evaluates_and_predicts(tmp_path):
         disable_tqdm=True,
         remove_unused_columns=False,
     )
-    trainer = Trainer(model=model, args=args, eval_dataset=_Examples(batch))
+    trainer = Trainer(model=model, args=args, eval_dataset=BatchExamples(batch))
     with torch.no_grad():
         first = model(**{k: v[:4] for k, v in batch.items()})
         second = model(**{k: v[4:] for k, v in batch.items()})
     expected = (4 * float(first.loss) + 2 * float(second.loss)) / 6
     assert trainer.evaluate()["eval_loss"] == pytest.approx(expected, rel=1e-5)
-    predictions = trainer.predict(_Examples(batch)).predictions
+    predictions = trainer.predict(BatchExamples(batch)).predictions
     assert {k: v.shape for k, v in predictions.items()} == {
         "rgb": (6, 3, IMAGE, IMAGE),
         "depth": (6, 1, IMAGE, IMAGE),

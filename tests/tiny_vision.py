@@ -63,3 +63,16 @@ def random_batch(
     out = {name: values[name] for name in modalities}
     out.update(fixed_budget_masks(batch, list(modalities), visible, seed + 1))
     return out
+
+
+class BatchExamples(torch.utils.data.Dataset):
+    """The rows of a batch (such as :func:`random_batch`'s) as a map-style dataset of examples."""
+
+    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["rgb"])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {key: value[index] for key, value in self.batch.items()}

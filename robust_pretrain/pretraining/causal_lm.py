@@ -31,7 +31,6 @@ from datasets.exceptions import DatasetGenerationError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
@@ -60,10 +59,12 @@ from robust_pretrain.options import check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
     create_trainer,
+    named_tokenizer,
     peek_option,
     push,
     setup_logging,
     train_and_evaluate,
+    train_tokenizer_once,
     training_settings,
 )
 from robust_pretrain.pretraining.pos_mlm import TEXT_BUILDERS, _check_text_file, matching_files
@@ -372,28 +373,17 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenize
 def load_tokenizer(
     model_args: CausalModelArguments, training_args: MinimaxTrainingArguments, texts: list[str], checkpoint: str | None
 ) -> PreTrainedTokenizerFast:
-    name = model_args.tokenizer_name or model_args.model_name_or_path
-    if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
-        name = checkpoint  # resuming a from-scratch run: keep its vocabulary
-    if name is not None:
-        option_name = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"{option_name} {name}: no tokenizer could be loaded from it ({err})") from err
+    named = named_tokenizer(model_args.tokenizer_name, model_args.model_name_or_path, checkpoint)
+    if named is not None:
+        tokenizer, source = named
         if tokenizer.eos_token is None:
-            raise UsageError(f"{option_name} {name}: the tokenizer has no eos token to end each packed text")
+            raise UsageError(f"{source}: the tokenizer has no eos token to end each packed text")
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token  # padding is masked out of attention and labels
         return tokenizer
-    with training_args.main_process_first(local=False, desc="training the BPE tokenizer"):
-        if training_args.process_index == 0:
-            tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size)
-            if training_args.world_size > 1:
-                tokenizer.save_pretrained(training_args.output_dir)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
-    return tokenizer
+    return train_tokenizer_once(
+        training_args, "training the BPE tokenizer", lambda: train_bpe_tokenizer(texts, model_args.vocab_size)
+    )
 
 
 def check_causal_checkpoint(name: str) -> None:

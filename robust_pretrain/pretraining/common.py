@@ -7,15 +7,17 @@ import argparse
 import hashlib
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import datasets
 import transformers
-from transformers import TrainingArguments
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from robust_pretrain.cli import UsageError
 from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.output_dir import last_complete_checkpoint  # noqa: F401  (imported from here by the tests)
@@ -173,6 +175,37 @@ class CompactPrinterCallback(PrinterCallback):
         if state.is_local_process_zero:
             line = summarise_log({**(logs or {}), "step": state.global_step}, state.max_steps, reference_of(args))
             print(line, flush=True)
+
+
+def named_tokenizer(
+    tokenizer_name: str | None, model_name_or_path: str | None, checkpoint: str | None
+) -> tuple[PreTrainedTokenizerBase, str] | None:
+    """The tokenizer named by ``--tokenizer_name``, else ``--model_name_or_path``, else (resuming a from-scratch run)
+    the checkpoint's own, its vocabulary kept; with "option name" for messages. None where none is named."""
+    name = tokenizer_name or model_name_or_path
+    if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
+        name = checkpoint
+    if name is None:
+        return None
+    source = f"{'--tokenizer_name' if tokenizer_name else '--model_name_or_path'} {name}"
+    try:
+        return AutoTokenizer.from_pretrained(name), source
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{source}: no tokenizer could be loaded from it ({err})") from err
+
+
+def train_tokenizer_once(
+    training_args: MinimaxTrainingArguments, desc: str, train: Callable[[], PreTrainedTokenizerBase]
+) -> PreTrainedTokenizerBase:
+    """One process trains the tokenizer (``train``), the others load its copy (the same, without training it twice)."""
+    with training_args.main_process_first(local=False, desc=desc):
+        if training_args.process_index == 0:
+            tokenizer = train()
+            if training_args.world_size > 1:
+                tokenizer.save_pretrained(training_args.output_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+    return tokenizer
 
 
 def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> MinimaxTrainer:

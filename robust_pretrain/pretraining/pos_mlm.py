@@ -24,7 +24,6 @@ from datasets.exceptions import DatasetGenerationError
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
-    AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertTokenizerFast,
@@ -48,10 +47,12 @@ from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
     create_trainer,
     file_fingerprint,
+    named_tokenizer,
     peek_option,
     push,
     setup_logging,
     train_and_evaluate,
+    train_tokenizer_once,
     training_settings,
 )
 from robust_pretrain.reference import check_reference_run, dataset_fingerprint, run_provenance
@@ -377,27 +378,17 @@ def train_wordpiece_tokenizer(texts: list[str], vocab_size: int) -> BertTokenize
 def load_tokenizer(
     model_args: ModelArguments, training_args: MinimaxTrainingArguments, texts: list[str], checkpoint: str | None
 ):
-    name = model_args.tokenizer_name or model_args.model_name_or_path
-    if name is None and checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
-        name = checkpoint  # resuming a from-scratch run: keep the vocabulary its checkpoint was trained with
-    if name is not None:
-        option = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"{option} {name}: no tokenizer could be loaded from it ({err})") from err
+    named = named_tokenizer(model_args.tokenizer_name, model_args.model_name_or_path, checkpoint)
+    if named is not None:
+        tokenizer, source = named
         if not tokenizer.is_fast:
-            raise UsageError(f"{option} {name} has no fast tokenizer; PoS alignment needs character offsets")
+            raise UsageError(f"{source} has no fast tokenizer; PoS alignment needs character offsets")
         return tokenizer
-    # One process trains the tokenizer, the others load its copy (the same, without training it twice).
-    with training_args.main_process_first(local=False, desc="training the WordPiece tokenizer"):
-        if training_args.process_index == 0:
-            tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size)
-            if training_args.world_size > 1:
-                tokenizer.save_pretrained(training_args.output_dir)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
-    return tokenizer
+    return train_tokenizer_once(
+        training_args,
+        "training the WordPiece tokenizer",
+        lambda: train_wordpiece_tokenizer(texts, model_args.vocab_size),
+    )
 
 
 def load_model(model_args: ModelArguments, tokenizer, max_seq_length: int):
