@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from robust_pretrain.reporting.scoring import score_losses  # noqa: E402
+
 #: arm label -> run directory under --runs (without the seed), in the protocol's order
 ARMS = {
     "proportional": "arms/proportional",
@@ -40,25 +42,6 @@ WORST_EXCESS_BAR, MEAN_RAW_BAR = 0.90, 1.02
 
 def read_report(directory: Path) -> dict:
     return json.loads((directory / "task_report.json").read_text())
-
-
-def scores(losses: dict[str, float], reference: dict[str, float], baseline: dict[str, float]) -> dict[str, dict]:
-    """Per-task values, mean, worst value and worst task of each metric."""
-    per_task = {
-        "raw": dict(losses),
-        "excess": {t: losses[t] - reference[t] for t in losses},
-        "regret": {t: losses[t] / baseline[t] for t in losses},
-    }
-    result = {}
-    for metric, values in per_task.items():
-        worst = max(values, key=values.get)
-        result[metric] = {
-            "per_task": values,
-            "mean": statistics.fmean(values.values()),
-            "worst": values[worst],
-            "worst_task": worst,
-        }
-    return result
 
 
 def provenance_problems(report: dict, reference: dict, where: Path) -> list[str]:
@@ -192,7 +175,7 @@ def main() -> None:
             directory = cli.runs / folder / f"seed-{seed}"
             report = read_report(directory)
             problems += provenance_problems(report, reference, directory)
-            per_seed[str(seed)] = scores(report["eval_task_loss"], reference["eval_task_loss"], baselines[seed])
+            per_seed[str(seed)] = score_losses(report["eval_task_loss"], reference["eval_task_loss"], baselines[seed])
         arms[arm] = {"seeds": per_seed, "mean": mean_scores(list(per_seed.values()))}
     if problems:
         raise SystemExit("\n".join(problems))
