@@ -65,13 +65,6 @@ class TaskTargets:
         return values.reshape(-1, *trailing).index_select(0, self.positions)
 
 
-def target_task_ids(labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(mask, ids)``: which elements of ``labels`` are targets, and the task id of each target (see
-    :class:`TaskTargets`, which computes them once per micro-batch)."""
-    targets = TaskTargets(labels, task_ids, num_tasks)
-    return targets.mask, targets.ids
-
-
 def next_token_targets(
     labels: torch.Tensor, task_ids: torch.Tensor, shift_labels: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
