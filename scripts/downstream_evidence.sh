@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downstream evidence that can tell objectives apart (issue 22): continued pre-training of all-MiniLM-L6-v2 on UD-EWT
 # (recipes/configs/evidence_minilm.yaml) with three arms, proportional (standard MLM), minimax raw alpha = 1 (the
-# paper) and a scale-free minimax variant (provisional, see below), on pre-training seeds 42-45; then linear probes on
+# paper) and a scale-free minimax variant (excess over a reference run), on pre-training seeds 42-45; then probes on
 # CoLA, SST-2, MRPC, STS-B and RTE for every checkpoint (primary) and the CoLA fine-tuning protocol on seeds 42 and 43
 # (secondary), the untouched all-MiniLM-L6-v2 as a reference row; then the tables, paired by pre-training seed, in
 # $RESULTS.md/.json. Protocol and decision rule, fixed before any run: scripts/downstream_evidence_protocol.md.
@@ -16,9 +16,9 @@
 #   PY [.venv/bin/python]; SEEDS [42 43 44 45] pre-training seeds of every arm, split over two parallel lanes;
 #   COLA_SEEDS [42 43] pre-training seeds whose checkpoints get the CoLA fine-tuning; REFERENCE_SEED [0] seed of the
 #   proportional reference run that gives the scale-free arm its per-task reference losses;
-#   SCALE_FREE_SWEEP [loss_normalization=excess] and SCALE_FREE_OPTIONS [--alpha_auto true]: the scale-free arm
-#   (minimax; with excess, the reference run's losses are its --reference_losses), provisional until issue 18
-#   recommends one (fix it before its first run; the commands record it);
+#   SCALE_FREE_SWEEP [loss_normalization=excess] and SCALE_FREE_OPTIONS [none]: the scale-free arm (minimax; with
+#   excess, the reference run's losses are its --reference_losses), chosen after issue 18's measurement (see the
+#   protocol's amendment; the commands record it);
 #   RESULTS [benchmarks/results/downstream_evidence]; NOTES (markdown added under the wall times);
 #   PRETRAIN_OPTIONS, PROBE_OPTIONS, COLA_OPTIONS: extra options of every pre-training run, probe suite and CoLA suite
 #   (smoke tests only, e.g. --max_steps 2; a limited protocol is recorded in every table).
@@ -30,7 +30,7 @@ read -r -a SEED_LIST <<< "${SEEDS:-42 43 44 45}"
 read -r -a COLA_SEED_LIST <<< "${COLA_SEEDS:-42 43}"
 REFERENCE_SEED=${REFERENCE_SEED:-0}
 SCALE_FREE_SWEEP=${SCALE_FREE_SWEEP:-loss_normalization=excess}
-read -r -a SCALE_FREE <<< "${SCALE_FREE_OPTIONS:---alpha_auto true}"
+read -r -a SCALE_FREE <<< "${SCALE_FREE_OPTIONS-}"
 RESULTS=${RESULTS:-benchmarks/results/downstream_evidence}
 read -r -a PRETRAIN_EXTRA <<< "${PRETRAIN_OPTIONS:-}"
 read -r -a PROBE_EXTRA <<< "${PROBE_OPTIONS:-}"
