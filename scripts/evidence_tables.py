@@ -18,7 +18,8 @@ outside the differences.
 ``--cards DIR --card_prefix NAME`` also writes each comparison run's model card, with the suite's results merged in by
 ``--update_model_cards``, to ``DIR/<NAME>-<strategy>-seed<seed>/README.md``: titled by that name, ``--base_model``
 (the Hub id of the local checkpoint the runs continued from) in place of its folder name, and the commands that made
-it (``--model_path``, the local folder, spelled as ``--model_path_command``)."""
+it (``--model_path``, the local folder, spelled as ``--model_path_command``; ``--evidence_out``, the script's
+output folder, as ``$OUT``)."""
 
 from __future__ import annotations
 
@@ -377,7 +378,12 @@ def write_tables(args: argparse.Namespace) -> None:
     if args.cards is not None:
         for checkpoint, (strategy, seed) in runs.items():
             name = f"{args.card_prefix}-{strategy}-seed{seed}"
-            write_reference_card(Path(checkpoint), name, args, [c for c in commands if "--update_model_cards" in c])
+            write_reference_card(Path(checkpoint), name, args, card_commands(commands, checkpoint))
+
+
+def card_commands(commands: list[str], checkpoint: str) -> list[str]:
+    """The suite commands that merged results into this checkpoint's card (``--update_model_cards``, naming it)."""
+    return [c for c in commands if "--update_model_cards" in c and checkpoint in shlex.split(c)]
 
 
 def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, suite_commands: list[str]) -> None:
@@ -392,7 +398,7 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
     )
     commands = []
     for command in (pretraining, *suite_commands):
-        command = command.replace(str(run_dir.parents[1]), "$OUT/pretraining").replace(str(run_dir.parents[2]), "$OUT")
+        command = command.replace(str(args.evidence_out or run_dir.parents[2]), "$OUT")
         commands.append(command.replace(args.model_path, args.model_path_command))
     card.text = build_model_card(content, model_name=name, model_id=f"path/to/{name}").text + "\n".join(
         [
@@ -400,7 +406,8 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
             "",
             "## How this checkpoint was made",
             "",
-            "Pre-training, then the GLUE suite that merged the results above into this card: "
+            f"Pre-training, then the suite{'s' if len(suite_commands) > 1 else ''} that merged the results above "
+            "into this card: "
             f"one run of `{args.script}` "
             f"(`$OUT` is its output folder; evidence tables: `{args.out.with_suffix('.md')}`):",
             "",
@@ -451,6 +458,11 @@ def main() -> None:
         help="the row label of a reference checkpoint (one that is not a run of the comparison)",
     )
     parser.add_argument("--script", default="scripts/glue_evidence.sh", help="the evidence script, named in cards")
+    parser.add_argument(
+        "--evidence_out",
+        type=Path,
+        help="the evidence script's output folder, written $OUT in the cards (default: two levels above each run)",
+    )
     parser.add_argument("--cards", type=Path, help="write each comparison run's model card into this folder")
     parser.add_argument("--card_prefix", default="checkpoint", help="cards are named <prefix>-<strategy>-seed<seed>")
     parser.add_argument("--base_model", help="Hub id of the checkpoint the runs continued from (for the cards)")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import math
 import statistics
 from pathlib import Path
@@ -114,3 +116,43 @@ def test_suite_family_is_read_from_the_directory(tmp_path: Path) -> None:
     (tmp_path / "glue_suite.json").write_text("{}")
     with pytest.raises(ValueError, match="expected one <family>_suite.json"):
         evidence_tables.suite_family(tmp_path)
+
+
+def test_reference_card_names_the_suite_commands_of_its_own_checkpoint(tmp_path: Path) -> None:
+    from test_card import pos_content
+
+    from robust_pretrain.reporting.cards import render_model_card
+
+    out = tmp_path / "evidence"
+    arm = out / "pretraining" / "scale-free" / "minimax-loss_normalization=excess"
+    run, other = arm / "seed-44", arm / "seed-42"
+    run.mkdir(parents=True)
+    render_model_card(run, pos_content())
+    (run / "compare_settings.json").write_text(json.dumps({"options": ["--weighting", "minimax", "--seed", "44"]}))
+    suite = "python recipes/glue_suite.py"
+    commands = [
+        f"{suite} --family probe --checkpoints {other} {run} --update_model_cards true --output_dir {out}/probe",
+        f"{suite} --checkpoints {other} --tasks cola --update_model_cards true --output_dir {out}/cola",
+        f"{suite} --family probe --checkpoints {other} {run} --output_dir {out}/probe",
+    ]
+    chosen = evidence_tables.card_commands(commands, str(run))
+    assert chosen == commands[:1]  # the CoLA cards did not include seed 44; the third command wrote no card
+    args = argparse.Namespace(
+        base_model="sentence-transformers/all-MiniLM-L6-v2",
+        model_path="\0",
+        model_path_command="",
+        script="scripts/downstream_evidence.sh",
+        out=Path("benchmarks/results/downstream_evidence"),
+        cards=tmp_path / "cards",
+        evidence_out=out,
+    )
+    evidence_tables.write_reference_card(run, "minilm-scale-free-seed44", args, chosen)
+    text = (tmp_path / "cards" / "minilm-scale-free-seed44" / "README.md").read_text()
+    assert "Pre-training, then the suite that merged the results above into this card" in text
+    assert "one run of `scripts/downstream_evidence.sh`" in text
+    assert "evidence tables: `benchmarks/results/downstream_evidence.md`" in text
+    arm_out = "$OUT/pretraining/scale-free/minimax-loss_normalization=excess"
+    assert f"--weighting minimax --seed 44 --output_dir {arm_out}/seed-44" in text
+    assert f"--checkpoints {arm_out}/seed-42 {arm_out}/seed-44 --update_model_cards true" in text
+    assert str(tmp_path) not in text
+    assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in text
