@@ -322,11 +322,8 @@ def write_tables(args: argparse.Namespace) -> None:
         upstream["runs"].update(table["runs"])
         upstream["per_seed"].update(table["per_seed"])
         runs.update(comparison_runs(compare_dir, comparison))
-    timings = {}
-    for line in args.timings.read_text().splitlines():
-        name, _, seconds = line.rpartition(" ")
-        timings[name] = float(seconds)
-    commands = args.commands.read_text().splitlines()
+    timings, invocations = read_timings(args.timings)
+    commands = list(dict.fromkeys(line for line in args.commands.read_text().splitlines() if not line.startswith("#")))
     protocol = args.protocol.read_text()
     notes = args.notes.read_text() if args.notes is not None and args.notes.is_file() else ""
     lines = [
@@ -345,6 +342,8 @@ def write_tables(args: argparse.Namespace) -> None:
         "## Wall times",
         "",
     ]
+    if invocations > 1:
+        lines += [f"Summed over the script's {invocations} invocations (a resumed or reused step adds each time):", ""]
     lines += [f"- {name}: {seconds / 60:.1f} min ({seconds:.0f} s)" for name, seconds in timings.items()]
     if notes.strip():
         lines += ["", notes.strip()]
@@ -379,6 +378,20 @@ def write_tables(args: argparse.Namespace) -> None:
         for checkpoint, (strategy, seed) in runs.items():
             name = f"{args.card_prefix}-{strategy}-seed{seed}"
             write_reference_card(Path(checkpoint), name, args, card_commands(commands, checkpoint))
+
+
+def read_timings(path: Path) -> tuple[dict[str, float], int]:
+    """Wall seconds per step name, summed over the script's invocations (each starts with a ``#`` line), and the
+    number of invocations."""
+    timings: dict[str, float] = {}
+    invocations = 0
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            invocations += 1
+            continue
+        name, _, seconds = line.rpartition(" ")
+        timings[name] = timings.get(name, 0.0) + float(seconds)
+    return timings, max(invocations, 1)
 
 
 def card_commands(commands: list[str], checkpoint: str) -> list[str]:

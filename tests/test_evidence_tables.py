@@ -156,3 +156,11 @@ def test_reference_card_names_the_suite_commands_of_its_own_checkpoint(tmp_path:
     assert f"--checkpoints {arm_out}/seed-42 {arm_out}/seed-44 --update_model_cards true" in text
     assert str(tmp_path) not in text
     assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in text
+
+
+def test_wall_times_are_summed_over_invocations(tmp_path: Path) -> None:
+    timings = tmp_path / "timings.txt"
+    timings.write_text("# 03:47 UTC x.sh\nreference 376\n# 04:09 UTC x.sh\nreference 300\nprobe lane 1 60\n")
+    assert evidence_tables.read_timings(timings) == ({"reference": 676.0, "probe lane 1": 60.0}, 2)
+    timings.write_text("a 5\nb 7\n")  # a list written before invocations were marked
+    assert evidence_tables.read_timings(timings) == ({"a": 5.0, "b": 7.0}, 1)
