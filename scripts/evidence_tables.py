@@ -384,14 +384,15 @@ def read_timings(path: Path) -> tuple[dict[str, float], int]:
     """Wall seconds per step name, summed over the script's invocations (each starts with a ``#`` line), and the
     number of invocations."""
     timings: dict[str, float] = {}
-    invocations = 0
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    invocations = 0 if not lines or lines[0].startswith("#") else 1  # a list begun before invocations were marked
+    for line in lines:
         if line.startswith("#"):
             invocations += 1
             continue
         name, _, seconds = line.rpartition(" ")
         timings[name] = timings.get(name, 0.0) + float(seconds)
-    return timings, max(invocations, 1)
+    return timings, invocations
 
 
 def card_commands(commands: list[str], checkpoint: str) -> list[str]:

@@ -164,3 +164,5 @@ def test_wall_times_are_summed_over_invocations(tmp_path: Path) -> None:
     assert evidence_tables.read_timings(timings) == ({"reference": 676.0, "probe lane 1": 60.0}, 2)
     timings.write_text("a 5\nb 7\n")  # a list written before invocations were marked
     assert evidence_tables.read_timings(timings) == ({"a": 5.0, "b": 7.0}, 1)
+    timings.write_text("a 5\n# 04:09 UTC x.sh\na 1\n")  # such a list, then a marked invocation
+    assert evidence_tables.read_timings(timings) == ({"a": 6.0}, 2)
