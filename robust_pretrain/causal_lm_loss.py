@@ -1,13 +1,14 @@
-"""A causal LM's next-token losses without its full logits: the output embeddings applied chunk by chunk.
+"""A causal LM's next-token losses without its full logits: the output embeddings applied slice by slice.
 
 A decoder step's largest tensors are its ``[batch, seq, vocab]`` logits (in fp32 for the loss, and again for their
 gradient). :class:`ChunkedNextTokenLoss` hooks the model's output-embeddings module (``lm_head``, found generically
 with ``get_output_embeddings()``): during the model's own forward pass it takes the final hidden states at the target
-positions and computes each target's cross-entropy ``chunk_size`` targets at a time (:func:`chunked_head_losses`); only
-one chunk's logits exist at a time, in the forward pass and again in the backward pass, which recomputes them. The
-head itself then runs on the first position only, and those logits (what the model returns) check once that the
-head's output is reproduced: ``nn.Linear`` followed by the logit scaling and soft-capping conventions of
-transformers' decoders (:class:`LogitTransform`). A model whose head does something else is refused, naming it.
+positions and computes each target's cross-entropy one slice of the vocabulary at a time (:func:`chunked_head_losses`),
+each slice's logits no larger than ``chunk_size`` targets' full logits; only one slice's logits exist at a time, in the
+forward pass and again in the backward pass, which recomputes them. The head itself then runs on the first position
+only, and those logits (what the model returns) check, in forward passes 1, 2, 4, 8, ..., that the head's output is
+reproduced: ``nn.Linear`` followed by the logit scaling and soft-capping conventions of transformers' decoders
+(:class:`LogitTransform`). A model whose head does something else is refused, naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 
 #: the option that switches the chunked loss off, named in every refusal
 OPTION = "causal_lm_chunk_size"
+#: config fields that soft-cap the final logits: Gemma 2/3's, RecurrentGemma's
+SOFTCAP_NAMES = ("final_logit_softcapping", "logits_soft_cap")
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class LogitTransform:
     """What a decoder does to its head's output before the loss: ``softcap * tanh(scale * z / softcap)``.
 
     ``scale`` is Cohere's ``logit_scale`` (multiplied), Granite's ``1 / logits_scaling`` (divided) and a text
-    config's ``output_multiplier``; ``softcap`` is Gemma's ``final_logit_softcapping`` (``None``: none).
+    config's ``output_multiplier``; ``softcap`` is Gemma's ``final_logit_softcapping`` or RecurrentGemma's
+    ``logits_soft_cap`` (``None``: none).
     """
 
     scale: float = 1.0
@@ -46,7 +50,7 @@ class LogitTransform:
                 scale *= float(getattr(text, name))
         if getattr(text, "logits_scaling", None) is not None:
             scale /= float(text.logits_scaling)
-        softcap = getattr(text, "final_logit_softcapping", None)
+        softcap = next((getattr(text, name) for name in SOFTCAP_NAMES if getattr(text, name, None) is not None), None)
         return cls(scale=scale, softcap=None if softcap is None else float(softcap))
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -67,11 +71,15 @@ class LogitTransform:
 
 
 class _ChunkedHeadCrossEntropy(torch.autograd.Function):
-    """Per-target cross-entropy of ``transform(hidden @ weight.T + bias)``, one chunk of targets at a time.
+    """Per-target cross-entropy of ``transform(hidden @ weight.T + bias)``, one slice of the vocabulary at a time.
 
-    The forward pass keeps each target's log-sum-exp; the backward pass recomputes each chunk's logits, turns them
-    into ``softmax - target distribution`` in place and multiplies by the incoming per-target gradients, so the
-    gradients equal those of the unchunked loss whatever weight each target has in the objective.
+    Each slice's logits ``[targets, width]`` hold no more elements than ``chunk_size`` targets' full logits would
+    (:func:`vocabulary_slice_width`). The forward pass accumulates each target's log-sum-exp over the slices; the
+    backward pass recomputes each slice's logits, turns them into ``softmax - target distribution`` in place and
+    multiplies by the incoming per-target gradients, so the gradients equal those of the unchunked loss whatever
+    weight each target has in the objective. Slicing the vocabulary rather than the targets writes each row of the
+    head's gradient once (no read-modify-write of a full ``[vocab, hidden]`` accumulator per chunk); what is
+    accumulated across slices is the hidden states' gradient ``[targets, hidden]``, in fp32.
     """
 
     @staticmethod
@@ -87,17 +95,20 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
         compute_dtype: torch.dtype,
     ) -> torch.Tensor:
         loss_dtype = softmax_dtype(compute_dtype)
-        losses = hidden.new_empty(hidden.shape[0], dtype=loss_dtype)
-        log_normalizers = torch.empty_like(losses)
-        head = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
-        for start in range(0, hidden.shape[0], chunk_size):
-            rows = slice(start, start + chunk_size)
-            logits = transform(F.linear(_cast(hidden[rows], compute_dtype), *head).to(loss_dtype))
-            log_normalizers[rows] = torch.logsumexp(logits, dim=-1)
-            target_logits = logits.gather(1, targets[rows, None]).squeeze(1)
-            losses[rows] = log_normalizers[rows] - (1 - smoothing) * target_logits
-            if smoothing:
-                losses[rows] -= smoothing * logits.mean(dim=-1)
+        vocab = weight.shape[0]
+        inputs = _cast(hidden, compute_dtype)
+        log_normalizers = hidden.new_full((hidden.shape[0],), -math.inf, dtype=loss_dtype)
+        target_logits = torch.zeros_like(log_normalizers)
+        logit_sums = torch.zeros_like(log_normalizers) if smoothing else None
+        for columns, logits in _slice_logits(inputs, weight, bias, chunk_size, transform, compute_dtype):
+            torch.logaddexp(log_normalizers, torch.logsumexp(logits, dim=-1), out=log_normalizers)
+            inside, local = _targets_in(targets, columns)
+            target_logits += logits.gather(1, local[:, None]).squeeze(1) * inside
+            if logit_sums is not None:
+                logit_sums += logits.sum(dim=-1)
+        losses = log_normalizers - (1 - smoothing) * target_logits
+        if logit_sums is not None:
+            losses -= smoothing / vocab * logit_sums
         ctx.save_for_backward(hidden, weight, bias, targets, log_normalizers)
         ctx.options = chunk_size, transform, smoothing, compute_dtype
         return losses
@@ -125,43 +136,68 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
         compute_dtype: torch.dtype,
     ) -> tuple[torch.Tensor | None, ...]:
         need_hidden, need_weight, need_bias = needs_grad
-        head = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
         loss_dtype = softmax_dtype(compute_dtype)
-        grad_weight = torch.zeros(weight.shape, dtype=loss_dtype, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=loss_dtype, device=bias.device) if need_bias else None
-        grad_losses = grad_losses.to(loss_dtype)
+        inputs = _cast(hidden, compute_dtype)
+        grad_hidden = torch.zeros(hidden.shape, dtype=loss_dtype, device=hidden.device) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        grad_bias = torch.empty_like(bias) if need_bias else None
+        grad_losses = grad_losses.to(loss_dtype)[:, None]
         vocab = weight.shape[0]
-        for start in range(0, hidden.shape[0], chunk_size):
-            rows = slice(start, start + chunk_size)
-            chunk = _cast(hidden[rows], compute_dtype)
-            logits = transform(F.linear(chunk, *head).to(loss_dtype))
+        for columns, logits in _slice_logits(inputs, weight, bias, chunk_size, transform, compute_dtype):
             # softmax, in place unless the soft-cap's derivative needs the logits
-            grad = (
-                logits.sub(log_normalizers[rows, None])
-                if transform.softcap
-                else logits.sub_(log_normalizers[rows, None])
-            ).exp_()
-            grad.scatter_add_(1, targets[rows, None], grad.new_full((grad.shape[0], 1), smoothing - 1))
+            shifted = (
+                logits.sub(log_normalizers[:, None]) if transform.softcap else logits.sub_(log_normalizers[:, None])
+            )
+            grad = shifted.exp_()
+            inside, local = _targets_in(targets, columns)
+            grad.scatter_add_(1, local[:, None], (inside * (smoothing - 1)).to(grad.dtype)[:, None])
             if smoothing:
                 grad.sub_(smoothing / vocab)
-            grad.mul_(grad_losses[rows, None])
+            grad.mul_(grad_losses)
             grad = transform.backward(grad, logits).to(compute_dtype)
             del logits
             if need_hidden:
-                grad_hidden[rows] = grad @ head[0]
-            if need_weight and compute_dtype == loss_dtype:
-                grad_weight.addmm_(grad.T, chunk)
-            elif need_weight:
-                grad_weight.add_(grad.T @ chunk)
+                grad_hidden.add_(grad @ _cast(weight[columns], compute_dtype))
+            if need_weight:
+                grad_weight[columns] = grad.T @ inputs
             if need_bias:
-                grad_bias.add_(grad.sum(dim=0))
+                grad_bias[columns] = grad.sum(dim=0)
         return (
-            grad_hidden,
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            grad_weight,
+            grad_bias,
             *(None,) * 5,
         )
+
+
+def vocabulary_slice_width(chunk_size: int, targets: int, vocab: int) -> int:
+    """Columns per vocabulary slice: ``targets x width`` logits are at most ``chunk_size x vocab``."""
+    return min(vocab, max(1, chunk_size * vocab // max(targets, 1)))
+
+
+def _slice_logits(
+    inputs: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    chunk_size: int,
+    transform: LogitTransform,
+    compute_dtype: torch.dtype,
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """The transformed logits of every target over one slice of the vocabulary at a time (in the softmax dtype)."""
+    vocab = weight.shape[0]
+    width = vocabulary_slice_width(chunk_size, inputs.shape[0], vocab)
+    for start in range(0, vocab, width):
+        columns = slice(start, start + width)
+        sliced_bias = None if bias is None else _cast(bias[columns], compute_dtype)
+        logits = F.linear(inputs, _cast(weight[columns], compute_dtype), sliced_bias)
+        yield columns, transform(logits.to(softmax_dtype(compute_dtype)))
+
+
+def _targets_in(targets: torch.Tensor, columns: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each target lies in the slice ``columns``, and its column there (0 where it does not)."""
+    local = targets - columns.start
+    inside = (local >= 0) & (targets < columns.stop)
+    return inside, local.where(inside, 0)
 
 
 def softmax_dtype(compute_dtype: torch.dtype) -> torch.dtype:
@@ -203,7 +239,8 @@ class ChunkedNextTokenLoss:
     A forward pre-hook on the output-embeddings module (a plain ``nn.Linear``) takes the hidden states
     ``[batch, seq, hidden]``, computes the losses of the targets selected by :meth:`targets` with
     :func:`chunked_head_losses`, and passes the head only the first position, so the model returns logits of shape
-    ``[batch, 1, vocab]``. The first time, those logits are compared with the head's output as reproduced here
+    ``[batch, 1, vocab]``. In forward passes 1, 2, 4, 8, ... (a logit transform the code does not know can hide
+    while the logits are small), those logits are compared with the head's output as reproduced here
     (:class:`LogitTransform`); a mismatch raises ``ValueError``. The hook changes nothing in the model's state dict
     and does nothing outside :meth:`targets`.
     """
@@ -218,7 +255,7 @@ class ChunkedNextTokenLoss:
         self.head = head
         self.chunk_size = chunk_size
         self.transform = LogitTransform.of(model.config) if hasattr(model, "config") else LogitTransform()
-        self.verified = False
+        self.forward_passes = 0
         self._request: tuple[torch.Tensor, torch.Tensor, float] | None = None
         self._losses: torch.Tensor | None = None
         self._first_position: torch.Tensor | None = None
@@ -251,13 +288,13 @@ class ChunkedNextTokenLoss:
             self._request = None
 
     def losses(self, outputs: Any) -> torch.Tensor:
-        """The per-target losses of the last forward pass; ``outputs`` (the model's) check the head the first time."""
+        """The per-target losses of the last forward pass; ``outputs`` (the model's) check the head when due."""
         if self._losses is None:
             raise ValueError(
                 f"{OPTION}: the output embeddings of {self.model_name} never received hidden states of the labels' "
                 f"shape [batch, seq, hidden]; set {OPTION}=0"
             )
-        if not self.verified:
+        if self._first_position is not None:
             logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
             self._verify(logits)
         losses, self._losses = self._losses, None
@@ -278,27 +315,27 @@ class ChunkedNextTokenLoss:
         selected = hidden[mask] if positions is None else hidden.flatten(0, 1).index_select(0, positions)
         self._losses = chunked_head_losses(selected, module, targets, self.chunk_size, self.transform, smoothing)
         first_position = hidden[:, :1]
-        if not self.verified:
+        self.forward_passes += 1
+        if self.forward_passes & (self.forward_passes - 1) == 0:  # a power of two
             with torch.no_grad():
                 self._first_position = F.linear(first_position, module.weight, module.bias)
         return (first_position, *args[1:])
 
     def _verify(self, logits: torch.Tensor) -> None:
         expected, self._first_position = self._first_position, None
-        if expected is None or logits.shape != expected.shape:
+        if logits.shape != expected.shape:
             raise ValueError(
                 f"{OPTION}: {self.model_name} returned logits of shape {tuple(logits.shape)} from its head's output "
-                f"of shape {None if expected is None else tuple(expected.shape)}; set {OPTION}=0"
+                f"of shape {tuple(expected.shape)}; set {OPTION}=0"
             )
         expected = self.transform(expected.float())
         tolerance = 1e-4 if logits.dtype == torch.float32 else 2e-2
-        error = (logits.detach().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)
+        error = float((logits.detach().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6))
         if not math.isfinite(error) or error > tolerance:
             raise ValueError(
                 f"{OPTION}: the logits of {self.model_name} are not its output embeddings' output transformed as "
-                f"its config declares ({self.transform}); relative difference {float(error):.2g}; set {OPTION}=0"
+                f"its config declares ({self.transform}); relative difference {error:.2g}; set {OPTION}=0"
             )
-        self.verified = True
 
     def remove(self) -> None:
         self._handle.remove()

@@ -32,7 +32,8 @@ otherwise abort the finished process: ``terminate called without an active excep
 A causal LM (see :func:`is_causal_lm`) is trained on next-token targets, shifted exactly as its own loss shifts them
 (``labels`` padded with -100 and shifted left, or the batch's ``shift_labels``); token-level ``task_ids`` are shifted
 with the labels, so each target counts for the task of the predicted token. Its eval metrics add per-task perplexities.
-Its losses come from the final hidden states, ``causal_lm_chunk_size`` targets at a time, without the full logits
+Its losses come from the final hidden states, in slices of the vocabulary no larger than ``causal_lm_chunk_size``
+targets' logits, without the full logits
 (:mod:`robust_pretrain.causal_lm_loss`).
 
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``

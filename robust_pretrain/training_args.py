@@ -96,8 +96,9 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
     )
     causal_lm_chunk_size: int = option(
         128,
-        "Causal LMs: compute the next-token losses this many target positions at a time from the final hidden states, "
-        "so only one chunk's logits exist at once (recomputed in the backward pass) instead of [batch, seq, vocab]; "
+        "Causal LMs: compute the next-token losses from the final hidden states one slice of the vocabulary at a "
+        "time, each slice's logits no larger than this many targets' full logits (recomputed in the backward pass) "
+        "instead of [batch, seq, vocab]; "
         "0 keeps the model's full logits.",
         minimum=0,
     )

@@ -24,6 +24,8 @@ from transformers import (
     GraniteConfig,
     GraniteForCausalLM,
     LlamaForCausalLM,
+    RecurrentGemmaConfig,
+    RecurrentGemmaForCausalLM,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -158,16 +160,28 @@ def tiny_granite() -> GraniteForCausalLM:
     return GraniteForCausalLM(GraniteConfig(**LLAMA_STYLE_SIZE, logits_scaling=0.25))
 
 
+def tiny_recurrent_gemma() -> RecurrentGemmaForCausalLM:
+    torch.manual_seed(0)
+    size = {k: v for k, v in LLAMA_STYLE_SIZE.items() if k != "max_position_embeddings"}
+    config = RecurrentGemmaConfig(
+        **size, head_dim=16, lru_width=32, attention_window_size=16, block_types=["recurrent", "attention"]
+    )
+    config.logits_soft_cap = 0.5
+    return RecurrentGemmaForCausalLM(config)
+
+
 @pytest.mark.parametrize(
     ("make_model", "transform"),
     [
         (tiny_gemma2, LogitTransform(softcap=0.5)),
+        (tiny_recurrent_gemma, LogitTransform(softcap=0.5)),
         (tiny_cohere, LogitTransform(scale=4.0)),
         (tiny_granite, LogitTransform(scale=4.0)),
     ],
 )
 def test_soft_capped_and_scaled_logits_give_the_models_own_loss(tmp_path, make_model, transform):
-    """Gemma 2's soft-cap, Cohere's ``logit_scale``, Granite's ``logits_scaling`` are read from the config; without
+    """Gemma 2's and RecurrentGemma's soft-caps, Cohere's ``logit_scale``, Granite's ``logits_scaling`` are read from
+    the config; without
     them the check against the model's own logits refuses to go on."""
     examples = domain_examples(6)
     args = make_args(str(tmp_path), weighting="proportional", causal_lm_chunk_size=7)
@@ -175,7 +189,7 @@ def test_soft_capped_and_scaled_logits_give_the_models_own_loss(tmp_path, make_m
     assert trainer.lm_loss.transform == transform
     loss = one_step(trainer, examples)
     own = make_model()(**{k: v for k, v in examples.items() if k != "task_ids"}).loss
-    assert trainer.lm_loss.verified and loss.item() == pytest.approx(own.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(own.item(), rel=1e-6)
     unaware = MinimaxTrainer(model=make_model(), args=args)
     unaware.lm_loss.transform = LogitTransform()
     with pytest.raises(ValueError, match="are not its output embeddings' output transformed as its config declares"):
@@ -194,6 +208,26 @@ class DoubledLogits(LlamaForCausalLM):
 def test_a_head_that_does_more_than_its_config_says_is_refused(tmp_path):
     trainer = MinimaxTrainer(model=DoubledLogits(tiny_llama().config), args=make_args(str(tmp_path)))
     with pytest.raises(ValueError, match=r"causal_lm_chunk_size: the logits of DoubledLogits .* set causal_lm_chunk"):
+        one_step(trainer, domain_examples(3))
+
+
+class QuietlyCapped(LlamaForCausalLM):
+    """A soft-cap the config does not declare: invisible while the logits are far below the cap."""
+
+    def forward(self, **kwargs):
+        outputs = super().forward(**kwargs)
+        outputs.logits = 30 * torch.tanh(outputs.logits / 30)
+        return outputs
+
+
+def test_the_head_is_checked_again_as_training_goes_on(tmp_path):
+    """The first forward pass passes the check (logits ~0.5 against a cap of 30); once the logits grow, a later
+    check (forward passes 1, 2, 4, ...) refuses to go on."""
+    trainer = MinimaxTrainer(model=QuietlyCapped(tiny_llama().config), args=make_args(str(tmp_path)))
+    one_step(trainer, domain_examples(3))
+    with torch.no_grad():
+        trainer.model.lm_head.weight.mul_(1000)
+    with pytest.raises(ValueError, match=r"the logits of QuietlyCapped are not its output embeddings' output"):
         one_step(trainer, domain_examples(3))
 
 

@@ -136,7 +136,8 @@ def test_task_targets_equal_the_boolean_mask_selection(example_level):
 def test_causal_lm_minimax_step_syncs_beside_the_plain_trainer_step(tmp_path):
     """A decoder (chunked next-token losses): the plain Trainer's own loss needs no target selection, so the trainer's
     budget is its two host transfers plus one ``nonzero`` per micro-batch (the targets' positions, shared by the
-    chunked head, the losses and the task ids); nothing else."""
+    chunked head, the losses and the task ids), and one scalar read in a step whose forward passes include a check of
+    the head (passes 1, 2, 4, 8, ...: the counted step's second micro-batch is pass 4); nothing else."""
     from tiny_causal_lm import DOMAINS, domain_examples, tiny_llama
 
     data = as_dataset(domain_examples(16))
@@ -151,7 +152,8 @@ def test_causal_lm_minimax_step_syncs_beside_the_plain_trainer_step(tmp_path):
     trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=data)
     assert trainer.lm_loss is not None  # the chunked path is the one counted
     minimax_count = count_step_syncs(trainer)
-    assert minimax_count.counts - plain_count.counts == {"nonzero": 2, "cpu()": 2}, (
+    assert trainer.lm_loss.forward_passes == 4
+    assert minimax_count.counts - plain_count.counts == {"nonzero": 2, "cpu()": 2, "_local_scalar_dense": 1}, (
         minimax_count.counts,
         plain_count.counts,
     )
