@@ -1,4 +1,5 @@
-"""The best plain-HF practice the benchmarks compare against: a BERT masked LM with sparse prediction.
+"""The best plain-HF practice the benchmarks compare against: a BERT masked LM with sparse prediction, and a decoder's
+checkpointed chunked loss.
 
 ``SparsePredictionBertForMaskedLM`` is ``BertForMaskedLM`` whose forward gathers the hidden states where
 ``labels != -100`` before the MLM head (Google BERT's ``gather_indexes``, ModernBERT's sparse prediction), so
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers import BertForMaskedLM
+from torch.utils.checkpoint import checkpoint
+from transformers import BertForMaskedLM, Trainer
 from transformers.modeling_outputs import MaskedLMOutput
 
 
@@ -35,3 +37,28 @@ class SparsePredictionBertForMaskedLM(BertForMaskedLM):
         # the Trainer's convention: with the step's target count given, the sum over it (exact under accumulation)
         loss = losses.mean() if num_items_in_batch is None else losses.sum() / num_items_in_batch
         return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class CheckpointedChunkedLossTrainer(Trainer):
+    """The decoder alternative a user writes in a few lines: the plain ``Trainer`` whose causal-LM loss applies
+    ``lm_head`` to ``chunk`` positions at a time under ``torch.utils.checkpoint`` (one chunk's logits alive in the
+    forward pass, recomputed in the backward pass), the mean over the batch's targets."""
+
+    def __init__(self, *args, chunk: int = 2048, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.chunk = chunk
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        hidden = model.model(**inputs).last_hidden_state[:, :-1].flatten(0, 1)
+        targets = labels[:, 1:].flatten()
+
+        def summed(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(model.lm_head(h).float(), y, ignore_index=-100, reduction="sum")
+
+        total = sum(
+            checkpoint(summed, hidden[i : i + self.chunk], targets[i : i + self.chunk], use_reentrant=False)
+            for i in range(0, targets.numel(), self.chunk)
+        )
+        loss = total / (targets != -100).sum()
+        return (loss, None) if return_outputs else loss

@@ -3,23 +3,29 @@
     python benchmarks/gpu_check.py              # on a CUDA machine: writes benchmarks/results/gpu_check.{md,json}
     python benchmarks/gpu_check.py --dry-run    # on the CPU, tiny sizes, the same code paths (CI runs this)
 
-Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and wall time:
+Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and wall time, run most telling first
+(6, 4, 2, 3, 5, 1) with the report rewritten after each, so a run cut off by a time limit keeps what it measured:
 
-1. ``gpu_tests``: the test suite's GPU-only tests (the ``test_gpu_*`` functions; one needing more GPUs than present
-   skips). Dry run: collected only.
+1. ``gpu_tests``: the test suite's GPU-only tests (the ``test_gpu_*`` functions outside ``tests/test_gpu_check.py``,
+   whose CPU dry run of this script is not re-run; one needing more GPUs than present skips). Dry run: collected only.
 2. ``autocast``: 3 MinimaxTrainer steps of a tiny BERT with ``bf16`` and with ``fp16``: whether Accelerate autocast,
    the logits' and the task sums' dtypes, finite per-task losses, weights summing to 1. On the CPU fp16 runs in fp32
    (Accelerate does not autocast it there), which the record says.
 3. ``compile``: 3 steps with ``torch_compile=True`` (backend ``inductor``; dry run ``eager``), compared with the same
    steps eager (largest absolute parameter difference).
 4. ``sync_count``: one optimizer step (accumulation 2) of the plain sparse-head Trainer and of MinimaxTrainer
-   (minimax, proportional), counted by ``tests/sync_counting.py`` (device-syncing aten ops and host transfers of
-   device tensors) and, on CUDA, by ``torch.cuda``'s sync debug mode (the syncs the driver actually performed).
+   (minimax, proportional) on a tiny BERT, and of the plain Trainer and MinimaxTrainer (minimax, chunked loss) on a
+   tiny Llama, counted by ``tests/sync_counting.py`` (device-syncing aten ops and host transfers of device tensors)
+   and, on CUDA, by ``torch.cuda``'s sync debug mode (the syncs the driver actually performed).
 5. ``step_benchmark``: ``bench_trainer_step.py``'s interleaved step timing, plain full-logits and plain sparse-head
-   Trainers against MinimaxTrainer (minimax, proportional, average), with peak CUDA memory; two sizes on CUDA
-   (the 4-layer BERT of the CPU results, launch-bound on a GPU, and BERT-base at sequence 512).
+   Trainers against MinimaxTrainer (minimax, proportional, average), with peak CUDA memory and model-FLOP
+   utilisation; two sizes on CUDA (the 4-layer BERT of the CPU results, launch-bound on a GPU, and BERT-base at
+   sequence 512).
+6. ``decoder_step``: ``bench_decoder_step.py`` at a Llama-3-like head (vocabulary 128,256, hidden 2,048, 4 layers,
+   4 x 2,048 tokens, bf16): the plain Trainer, a checkpointed chunked loss, MinimaxTrainer with the full logits and
+   with the sliced loss at several chunk sizes; time ratio per round, step peak memory, model-FLOP utilisation.
 
-Budget: well under 10 minutes on one recent GPU. Nothing is downloaded (models are built from configs).
+Budget: about 5 minutes on one H100. Nothing is downloaded (models are built from configs).
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO_ROOT / "tests")]
 
+import bench_decoder_step  # noqa: E402
 import bench_trainer_step  # noqa: E402
 from baselines import SparsePredictionBertForMaskedLM  # noqa: E402
 from sync_counting import count_step_syncs  # noqa: E402
+from tiny_causal_lm import DOMAINS, domain_examples, tiny_llama  # noqa: E402
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
@@ -147,6 +155,16 @@ def sync_counts(cuda: bool, out: str) -> dict:
             )
             for weighting in ("minimax", "proportional")
         },
+        "plain-causal-lm": lambda: Trainer(
+            model=tiny_llama(),
+            args=TrainingArguments(output_dir=f"{out}/plain-lm", **step),
+            train_dataset=as_dataset({k: v for k, v in domain_examples(16).items() if k != "task_ids"}),
+        ),
+        "minimax-causal-lm": lambda: MinimaxTrainer(
+            model=tiny_llama(),
+            args=MinimaxTrainingArguments(output_dir=f"{out}/minimax-lm", task_names=DOMAINS, **step),
+            train_dataset=as_dataset(domain_examples(16)),
+        ),
     }
     results = {}
     for name, build in trainers.items():
@@ -166,8 +184,8 @@ def step_benchmark(cuda: bool, out: str, dry_run: bool) -> dict:
         [dict(layers=1, hidden=32, seq_len=16, batch_size=2, rounds=2, warmup=1)]
         if dry_run
         else [
-            dict(layers=4, hidden=256, seq_len=128, batch_size=16, rounds=30, warmup=5),
-            dict(layers=12, hidden=768, seq_len=512, batch_size=32, rounds=20, warmup=3),
+            dict(layers=4, hidden=256, seq_len=128, batch_size=16, rounds=20, warmup=5),
+            dict(layers=12, hidden=768, seq_len=512, batch_size=32, rounds=10, warmup=3),
         ]
     )
     results = []
@@ -180,15 +198,38 @@ def step_benchmark(cuda: bool, out: str, dry_run: bool) -> dict:
             results=None,
         )
         rows, setup = bench_trainer_step.run(cli)
-        results.append({"setup": setup, "results": rows})
+        flops = bert_flops_per_step(size)
+        peak = bench_decoder_step.peak_flops(argparse.Namespace(peak_tflops=None))
+        for row in rows:
+            row["model_tflops_per_s"] = round(flops / row["median_step_s"] / 1e12, 2)
+            row["mfu"] = None if peak is None else round(flops / row["median_step_s"] / peak, 4)
+        results.append({"setup": {**setup, "flops_per_step": flops, "peak_flops": peak}, "results": rows})
     return {"runs": results}
+
+
+def bert_flops_per_step(size: dict) -> float:
+    """``6 N D + 12 L h s D`` for the step benchmark's BERT (as ``bench_decoder_step.flops_per_step``)."""
+    model = transformers.BertForMaskedLM(
+        bench_trainer_step.bert_config(size["layers"], size["hidden"], size["seq_len"])
+    )
+    embeddings = sum(p.numel() for p in model.bert.embeddings.parameters())
+    parameters = sum(p.numel() for p in model.parameters()) - embeddings
+    tokens = size["batch_size"] * size["seq_len"]
+    return 6 * parameters * tokens + 12 * size["layers"] * size["hidden"] * size["seq_len"] * tokens
+
+
+def decoder_step(dry_run: bool) -> dict:
+    tiny = "--vocab 512 --hidden 64 --layers 1 --seq-len 32 --batch-size 2 --rounds 2 --warmup 1 --chunk-sizes 4 64"
+    cli = bench_decoder_step.parse((tiny + " --checkpointed-chunk 16").split() if dry_run else [])
+    rows, setup = bench_decoder_step.run(cli)
+    return {"setup": setup, "results": rows}
 
 
 def gpu_tests(dry_run: bool) -> dict:
     files = sorted(
         str(p.relative_to(REPO_ROOT))
         for p in (REPO_ROOT / "tests").glob("test_*.py")
-        if "def test_gpu_" in p.read_text()
+        if "def test_gpu_" in p.read_text() and p.name != "test_gpu_check.py"
     )
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "test_gpu_", *files]
     if dry_run:
@@ -231,14 +272,24 @@ def main() -> None:
     stem = Path(cli.results) if cli.results else default
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        parts = [
-            timed("gpu_tests", lambda: gpu_tests(cli.dry_run)),
-            timed("autocast_bf16", lambda: autocast("bf16", cuda, f"{out}/bf16")),
-            timed("autocast_fp16", lambda: autocast("fp16", cuda, f"{out}/fp16")),
-            timed("compile", lambda: compile_check(cuda, f"{out}/compile")),
-            timed("sync_count", lambda: sync_counts(cuda, f"{out}/sync")),
-            timed("step_benchmark", lambda: step_benchmark(cuda, f"{out}/bench", cli.dry_run)),
-        ]
+        checks: dict[str, Callable[[], Any]] = {
+            "decoder_step": lambda: decoder_step(cli.dry_run),
+            "sync_count": lambda: sync_counts(cuda, f"{out}/sync"),
+            "autocast_bf16": lambda: autocast("bf16", cuda, f"{out}/bf16"),
+            "autocast_fp16": lambda: autocast("fp16", cuda, f"{out}/fp16"),
+            "compile": lambda: compile_check(cuda, f"{out}/compile"),
+            "step_benchmark": lambda: step_benchmark(cuda, f"{out}/bench", cli.dry_run),
+            "gpu_tests": lambda: gpu_tests(cli.dry_run),
+        }
+        parts: list[dict] = []
+        for name, check in checks.items():  # the report is rewritten after each part: a cut-off run keeps its parts
+            parts.append(timed(name, check))
+            write_report(stem, parts, cuda, started)
+    print(f"wrote {stem}.md and {stem}.json")
+    sys.exit(0 if all(part["status"] == "ok" for part in parts) else 1)
+
+
+def write_report(stem: Path, parts: list[dict], cuda: bool, started: float) -> None:
     report = {
         "command": " ".join(["python", *sys.argv]),
         "mode": "cuda" if cuda else "dry run (CPU, tiny sizes: not GPU figures)",
@@ -252,8 +303,6 @@ def main() -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     stem.with_suffix(".md").write_text(markdown(report))
-    print(f"wrote {stem}.md and {stem}.json")
-    sys.exit(0 if all(part["status"] == "ok" for part in parts) else 1)
 
 
 def markdown(report: dict) -> str:
@@ -276,6 +325,10 @@ def markdown(report: dict) -> str:
             for run in part["result"]["runs"]:
                 lines += [f"Setup: `{json.dumps(run['setup'])}`", ""]
                 lines += bench_trainer_step.table(run["results"]) + [""]
+                lines += [f"Model-FLOP utilisation: {[(r['config'], r['mfu']) for r in run['results']]}", ""]
+        elif part["part"] == "decoder_step":
+            lines += [f"Setup: `{json.dumps(part['result']['setup'])}`", ""]
+            lines += bench_decoder_step.table(part["result"]["results"]) + [""]
         else:
             lines += ["```json", json.dumps(part["result"], indent=1, default=str), "```", ""]
     return "\n".join(lines)

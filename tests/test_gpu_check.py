@@ -23,7 +23,15 @@ def test_gpu_check_dry_run_runs_every_part_and_records_the_sync_counts(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
     parts = {part["part"]: part for part in report["parts"]}
-    assert list(parts) == ["gpu_tests", "autocast_bf16", "autocast_fp16", "compile", "sync_count", "step_benchmark"]
+    assert list(parts) == [
+        "decoder_step",
+        "sync_count",
+        "autocast_bf16",
+        "autocast_fp16",
+        "compile",
+        "step_benchmark",
+        "gpu_tests",
+    ]
     assert all(part["status"] == "ok" for part in parts.values())
     assert report["mode"].startswith("dry run")
     assert "tests collected" in parts["gpu_tests"]["result"]["summary"][0]  # the GPU-only tests exist
@@ -34,7 +42,20 @@ def test_gpu_check_dry_run_runs_every_part_and_records_the_sync_counts(tmp_path)
     syncs = parts["sync_count"]["result"]
     for weighting in ("minimax", "proportional"):
         assert syncs[weighting]["counted_ops"] <= syncs["plain-sparse-head"]["counted_ops"] + 2
+    assert syncs["minimax-causal-lm"]["counted_ops"] > syncs["plain-causal-lm"]["counted_ops"] > 0
+    assert "test_gpu_check.py" not in parts["gpu_tests"]["result"]["command"]  # its own dry run is not re-run
     (run,) = parts["step_benchmark"]["result"]["runs"]
     configs = [row["config"] for row in run["results"]]
     assert configs == ["plain-full-logits", "plain-sparse-head", "minimax", "proportional", "average"]
-    assert "## step_benchmark" in (tmp_path / "check.md").read_text()
+    assert all(row["model_tflops_per_s"] >= 0 and "mfu" in row for row in run["results"])
+    decoder = parts["decoder_step"]["result"]
+    assert [row["config"] for row in decoder["results"]] == [
+        "plain",
+        "checkpointed16",
+        "minimax-full",
+        "minimax-chunk4",
+        "minimax-chunk64",
+    ]
+    assert decoder["results"][0]["time_ratio_to_plain"] == 1.0 and decoder["setup"]["flops_per_step"] > 0
+    text = (tmp_path / "check.md").read_text()
+    assert "## step_benchmark" in text and "## decoder_step" in text and "| minimax-chunk4 |" in text
