@@ -111,6 +111,8 @@ def make_trainers(model: LlamaForCausalLM, cli: argparse.Namespace, out: str) ->
             trainers[config] = MinimaxTrainer(model=model, args=args, optimizers=(optimizer, None))
     for trainer in trainers.values():
         trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
+    # as Trainer.train() does: Accelerate wraps the (shared) model's forward in its autocast
+    trainers["plain"].accelerator.prepare_model(model)
     return trainers
 
 

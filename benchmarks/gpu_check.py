@@ -9,8 +9,9 @@ Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and w
 1. ``gpu_tests``: the test suite's GPU-only tests (the ``test_gpu_*`` functions outside ``tests/test_gpu_check.py``,
    whose CPU dry run of this script is not re-run; one needing more GPUs than present skips). Dry run: collected only.
 2. ``autocast``: 3 MinimaxTrainer steps of a tiny BERT with ``bf16`` and with ``fp16``: whether Accelerate autocast,
-   the logits' and the task sums' dtypes, finite per-task losses, weights summing to 1. On the CPU fp16 runs in fp32
-   (Accelerate does not autocast it there), which the record says.
+   the logits' (fp32: Accelerate converts the outputs), a matmul's inside the model and the task sums' dtypes,
+   finite per-task losses, weights summing to 1. On the CPU fp16 runs in fp32 (Accelerate does not autocast it
+   there), which the record says.
 3. ``compile``: 3 steps with ``torch_compile=True`` (backend ``inductor``; dry run ``eager``), compared with the same
    steps eager (largest absolute parameter difference).
 4. ``sync_count``: one optimizer step (accumulation 2) of the plain sparse-head Trainer and of MinimaxTrainer
@@ -18,8 +19,9 @@ Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and w
    tiny Llama, counted by ``tests/sync_counting.py`` (device-syncing aten ops and host transfers of device tensors)
    and, on CUDA, by ``torch.cuda``'s sync debug mode (the syncs the driver actually performed).
 5. ``step_benchmark``: ``bench_trainer_step.py``'s interleaved step timing, plain full-logits and plain sparse-head
-   Trainers against MinimaxTrainer (minimax, proportional, average), with peak CUDA memory and model-FLOP
-   utilisation; two sizes on CUDA (the 4-layer BERT of the CPU results, launch-bound on a GPU, and BERT-base at
+   Trainers against MinimaxTrainer (minimax, proportional, average), in fp32 (TF32 where the image's cuBLAS allows
+   it: the report's ``fp32_matmuls_in_tf32``), with peak CUDA memory and model-FLOP utilisation against the dense bf16
+   peak; two sizes on CUDA (the 4-layer BERT of the CPU results, launch-bound on a GPU, and BERT-base at
    sequence 512).
 6. ``decoder_step``: ``bench_decoder_step.py`` at a Llama-3-like head (vocabulary 128,256, hidden 2,048, 4 layers,
    4 x 2,048 tokens, bf16): the plain Trainer, a checkpointed chunked loss, MinimaxTrainer with the full logits and
@@ -90,7 +92,7 @@ def autocast(precision: str, cuda: bool, out: str) -> dict:
         args=tiny_args(out, cuda, **{precision: True}),
         train_dataset=as_dataset(masked_examples(16)),
     )
-    dtypes = set()
+    dtypes, matmuls = set(), set()
     task_sums = trainer._task_sums
 
     def record(model, inputs):
@@ -99,12 +101,16 @@ def autocast(precision: str, cuda: bool, out: str) -> dict:
         return sums, counts, outputs
 
     trainer._task_sums = record
+    # Accelerate returns the outputs in fp32 (convert_outputs_to_fp32): a matmul inside the model shows the autocast
+    inner = trainer.model.bert.encoder.layer[0].intermediate.dense
+    inner.register_forward_hook(lambda module, args, output: matmuls.add(str(output.dtype)))
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     losses = [entry[f"task_loss/{task}"] for entry in logs for task in TASKS if f"task_loss/{task}" in entry]
     return {
         "autocast": bool(trainer.accelerator.native_amp),
         "logits_and_task_sums_dtypes": sorted(dtypes),
+        "matmul_dtypes_inside_the_model": sorted(matmuls),
         "task_losses_finite": bool(torch.isfinite(torch.tensor(losses)).all()),
         "weights_sum": round(float(trainer.step_weights.sum()), 6),
         "last_loss": logs[-1]["loss"],
@@ -297,6 +303,8 @@ def write_report(stem: Path, parts: list[dict], cuda: bool, started: float) -> N
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
+        "fp32_matmuls_in_tf32": torch.backends.cuda.matmul.allow_tf32
+        or os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1",
         "total_seconds": round(time.perf_counter() - started, 1),
         "parts": parts,
     }

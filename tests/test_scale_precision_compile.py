@@ -69,17 +69,21 @@ def test_gpu_fp16_trains_with_fp32_weights_and_task_losses(tmp_path):
         args=make_args(tmp_path, fp16=True, use_cpu=False, max_steps=2, per_device_train_batch_size=4),
         train_dataset=as_dataset(masked_examples(16)),
     )
-    seen = []
+    seen, matmuls = [], []
     task_sums = trainer._task_sums
 
     def record(model, inputs):
         sums, counts, outputs = task_sums(model, inputs)
-        seen.append((outputs["logits"].dtype, sums.dtype))
+        seen.append(sums.dtype)
         return sums, counts, outputs
 
     trainer._task_sums = record
+    # Accelerate returns the model's outputs in fp32 (convert_outputs_to_fp32): the matmuls inside show the autocast
+    trainer.model.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda m, i, o: matmuls.append(o.dtype)
+    )
     trainer.train()
-    assert trainer.accelerator.native_amp and set(seen) == {(torch.float16, torch.float32)}
+    assert trainer.accelerator.native_amp and set(matmuls) == {torch.float16} and set(seen) == {torch.float32}
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
     entry = next(e for e in trainer.state.log_history if "loss" in e)
     assert all(torch.isfinite(torch.tensor(entry[f"task_loss/{t}"])) for t in TASKS)
