@@ -42,7 +42,8 @@ class SparsePredictionBertForMaskedLM(BertForMaskedLM):
 class CheckpointedChunkedLossTrainer(Trainer):
     """The decoder alternative a user writes in a few lines: the plain ``Trainer`` whose causal-LM loss applies
     ``lm_head`` to ``chunk`` positions at a time under ``torch.utils.checkpoint`` (one chunk's logits alive in the
-    forward pass, recomputed in the backward pass), the mean over the batch's targets."""
+    forward pass, recomputed in the backward pass), the mean over the batch's targets; under ``bf16`` autocast,
+    which it enters itself (``model.model`` and ``lm_head`` bypass the autocast Accelerate wraps around forward)."""
 
     def __init__(self, *args, chunk: int = 2048, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -50,15 +51,17 @@ class CheckpointedChunkedLossTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
-        hidden = model.model(**inputs).last_hidden_state[:, :-1].flatten(0, 1)
+        with torch.autocast(labels.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+            hidden = model.model(**inputs).last_hidden_state[:, :-1].flatten(0, 1)
         targets = labels[:, 1:].flatten()
 
         def summed(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(model.lm_head(h).float(), y, ignore_index=-100, reduction="sum")
 
-        total = sum(
-            checkpoint(summed, hidden[i : i + self.chunk], targets[i : i + self.chunk], use_reentrant=False)
-            for i in range(0, targets.numel(), self.chunk)
-        )
+        with torch.autocast(hidden.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+            total = sum(
+                checkpoint(summed, hidden[i : i + self.chunk], targets[i : i + self.chunk], use_reentrant=False)
+                for i in range(0, targets.numel(), self.chunk)
+            )
         loss = total / (targets != -100).sum()
         return (loss, None) if return_outputs else loss

@@ -170,9 +170,17 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
         )
 
 
+#: slices wider than this are a multiple of it: aligned matrix shapes (an odd width takes slow GPU kernels)
+SLICE_ALIGNMENT = 128
+
+
 def vocabulary_slice_width(chunk_size: int, targets: int, vocab: int) -> int:
-    """Columns per vocabulary slice: ``targets x width`` logits are at most ``chunk_size x vocab``."""
-    return min(vocab, max(1, chunk_size * vocab // max(targets, 1)))
+    """Columns per vocabulary slice: ``targets x width`` logits are at most ``chunk_size x vocab``; widths above
+    :data:`SLICE_ALIGNMENT` are rounded down to a multiple of it."""
+    width = chunk_size * vocab // max(targets, 1)
+    if width > SLICE_ALIGNMENT:
+        width -= width % SLICE_ALIGNMENT
+    return min(vocab, max(1, width))
 
 
 def _slice_logits(
