@@ -309,3 +309,26 @@ def frontier_figure(scores: dict[str, dict[str, Any]], metrics: Sequence[str] | 
         ax.set(xlabel=f"mean over tasks: {label}", ylabel=f"worst task: {label}", title=f"trade-off frontier: {metric}")
         ax.legend(fontsize=8)
     return fig
+
+
+def plot_decision(summary: dict[str, Any], path: Path) -> Path:
+    """``robust-pretrain-decide``'s figure: per-domain held-out loss per arm, a bar at the mean and a dot per seed
+    (:func:`robust_pretrain.reporting.decision.summarise`)."""
+    plt = _pyplot()
+    domains, arms = summary["domains"], list(summary["arms"])
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(domains)), 4), constrained_layout=True)
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        entry = summary["arms"][arm]
+        positions = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(domains))]
+        means = [entry["domain_loss"][d] for d in domains]
+        ax.bar(positions, means, width, alpha=0.35, label=arm, color=f"C{i}")
+        for position, domain in zip(positions, domains, strict=True):
+            values = entry["per_seed_domain_loss"][domain]
+            ax.plot([position] * len(values), values, "o", markersize=3, color=f"C{i}")
+    ax.set_xticks(range(len(domains)), domains, rotation=30, ha="right")
+    ax.set_ylim(min(min(summary["arms"][a]["domain_loss"].values()) for a in arms) * 0.95, None)
+    ax.set_ylabel("held-out loss (nats), lower is better")
+    ax.set_title("per-domain held-out loss per arm (bar: mean over seeds; dots: seeds)", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path, dpi=110)

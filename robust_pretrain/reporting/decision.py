@@ -1,0 +1,132 @@
+"""The verdict of ``robust-pretrain-decide``: each arm against the baseline arm, paired by seed, by a rule fixed before
+the first training step.
+
+The unit is a pre-training run: one value of the endpoint per (arm, seed) cell, lower is better (a held-out loss in
+nats). For each arm, the differences ``arm - baseline`` over the seeds both have give a mean and a Student-t interval
+with ``seeds - 1`` degrees of freedom (:func:`~robust_pretrain.reporting.statistics.paired_interval`), read by
+:func:`rule_verdict` against the protocol's ``margin``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from robust_pretrain.reporting.plots import plot_decision
+from robust_pretrain.reporting.statistics import Interval, paired_interval
+
+ENDPOINTS = {
+    "worst_domain_loss": "the worst domain's held-out loss (nats)",
+    "mean_domain_loss": "the mean over domains of the held-out loss (nats)",
+}
+HELPS, HELPS_BELOW_MARGIN, HURTS, NO_EFFECT, INCONCLUSIVE = (
+    "helps",
+    "helps, by less than the margin",
+    "hurts",
+    "no effect of that size",
+    "inconclusive",
+)
+#: the rule in words (written into the protocol before the first run)
+RULE = (
+    "lower is better; per arm, the paired difference arm - baseline over seeds, its {confidence:.0%} t-interval at "
+    "df = seeds - 1: 'helps' if the interval lies below 0 and the mean gain is >= {margin} nats; 'helps, by less than "
+    "the margin' if it lies below 0 with a smaller gain; 'hurts' if it lies above 0; 'no effect of that size' if it "
+    "lies within +-{margin}; else 'inconclusive'"
+)
+
+
+def endpoint_value(losses: Mapping[str, float], endpoint: str) -> float:
+    """The endpoint of one run from its per-domain held-out losses."""
+    if endpoint == "worst_domain_loss":
+        return max(losses.values())
+    return statistics.fmean(losses.values())
+
+
+def rule_verdict(interval: Interval, margin: float) -> str:
+    """The fixed reading of ``arm - baseline`` (lower is better); a single pair or no spread is inconclusive."""
+    if interval.low is None or interval.high is None or interval.std == 0:
+        return INCONCLUSIVE
+    if interval.high < 0:
+        return HELPS if -interval.mean >= margin else HELPS_BELOW_MARGIN
+    if interval.low > 0:
+        return HURTS
+    if -margin < interval.low and interval.high < margin:
+        return NO_EFFECT
+    return INCONCLUSIVE
+
+
+def summarise(losses: Mapping[str, Mapping[int, Mapping[str, float]]], protocol: Mapping[str, Any]) -> dict[str, Any]:
+    """``losses[arm][seed][domain]`` -> per arm: per-domain means, the endpoint per seed, and (other than the
+    baseline) the paired interval against the baseline and its verdict."""
+    endpoint, baseline, confidence = protocol["endpoint"], protocol["baseline"], protocol["confidence"]
+    domains = list(next(iter(losses[baseline].values())))
+    per_seed = {arm: {str(s): endpoint_value(d, endpoint) for s, d in seeds.items()} for arm, seeds in losses.items()}
+    arms: dict[str, Any] = {}
+    for arm, seeds in losses.items():
+        means = {domain: statistics.fmean(run[domain] for run in seeds.values()) for domain in domains}
+        entry: dict[str, Any] = {
+            "domain_loss": means,
+            "per_seed_domain_loss": {domain: [run[domain] for run in seeds.values()] for domain in domains},
+            "worst_domain": max(means, key=means.__getitem__),
+            "mean_domain_loss": statistics.fmean(means.values()),
+            "endpoint_per_seed": per_seed[arm],
+        }
+        if arm != baseline:
+            interval, unpaired = paired_interval(per_seed[baseline], per_seed[arm], confidence)
+            entry |= {
+                "difference": interval.as_dict(),
+                "unpaired_seeds": unpaired,
+                "verdict": rule_verdict(interval, protocol["margin"]),
+            }
+        arms[arm] = entry
+    return {"endpoint": endpoint, "baseline": baseline, "domains": domains, "arms": arms}
+
+
+def winner(summary: Mapping[str, Any]) -> str | None:
+    """The arm that 'helps' with the largest mean gain, or None when none does."""
+    helping = {a: e["difference"]["mean"] for a, e in summary["arms"].items() if e.get("verdict") == HELPS}
+    return min(helping, key=helping.__getitem__) if helping else None
+
+
+def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], smallest: list[str]) -> str:
+    """The card of a decision: the rule, one row per arm (per-domain mean loss, mean, worst, the paired difference
+    and its verdict), the smallest domains named."""
+    domains, baseline = summary["domains"], summary["baseline"]
+    lines = [
+        "# Does it beat a static mixture on these domains?",
+        "",
+        f"Protocol `{protocol['hash'][:12]}` (fixed before the first training step): endpoint "
+        f"{ENDPOINTS[summary['endpoint']]}, baseline `{baseline}`, seeds {protocol['seeds']}; "
+        + RULE.format(confidence=protocol["confidence"], margin=protocol["margin"])
+        + ".",
+        "",
+        f"Smallest domains (natural share): {', '.join(smallest)}.",
+        "",
+        "| arm | " + " | ".join(domains) + " | mean | worst | difference vs baseline [interval] | verdict |",
+        "|---|" + "---|" * (len(domains) + 4),
+    ]
+    for arm, entry in summary["arms"].items():
+        cells = [f"{entry['domain_loss'][d]:.3f}" for d in domains]
+        worst = f"{entry['domain_loss'][entry['worst_domain']]:.3f} ({entry['worst_domain']})"
+        if "difference" in entry:
+            diff = entry["difference"]
+            span = "n/a" if diff["low"] is None else f"[{diff['low']:+.3f}, {diff['high']:+.3f}]"
+            compared, verdict = f"{diff['mean']:+.3f} {span}, df {diff['df']}", entry["verdict"]
+        else:
+            compared, verdict = "(baseline)", ""
+        lines.append(
+            f"| {arm} | {' | '.join(cells)} | {entry['mean_domain_loss']:.3f} | {worst} | {compared} | {verdict} |"
+        )
+    best = winner(summary)
+    lines += ["", f"Winner: `{best}`." if best else "No arm helps by the rule: keep the baseline.", ""]
+    return "\n".join(lines)
+
+
+def write_decision(root: Path, summary: Mapping[str, Any], protocol: Mapping[str, Any], smallest: list[str]) -> None:
+    """``decision.json``, ``decision.md`` (the card) and ``decision.png`` in ``root``."""
+    (root / "decision.json").write_text(json.dumps({"protocol": protocol, **summary}, indent=2) + "\n")
+    (root / "decision.md").write_text(decision_markdown(summary, protocol, smallest))
+    plot_decision(summary, root / "decision.png")

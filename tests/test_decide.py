@@ -1,0 +1,220 @@
+"""robust-pretrain-decide: the rule fixed before the first run, the cells (paired by seed, natural first), the
+verdict's numbers, the winner's weights, refusals, and one end-to-end run of the real recipe."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_recipe_causal_lm import recipe_argv
+
+from robust_pretrain.cli import UsageError
+from robust_pretrain.pretraining import decide
+from robust_pretrain.reporting.decision import (
+    HELPS,
+    HELPS_BELOW_MARGIN,
+    HURTS,
+    INCONCLUSIVE,
+    NO_EFFECT,
+    rule_verdict,
+    summarise,
+)
+from robust_pretrain.reporting.statistics import mean_interval
+
+T_975_DF2 = 4.302652729749464  # Student t, 97.5 % quantile, 2 degrees of freedom (tables)
+DOMAINS = ["answers", "email", "code"]
+
+
+def interval(*differences: float):
+    return mean_interval(list(differences), 0.95)
+
+
+@pytest.mark.parametrize(
+    ("differences", "expected"),
+    [
+        ((-0.2, -0.3, -0.25), HELPS),  # [-0.374, -0.126]: below 0, gain 0.25 >= 0.1
+        ((-0.05, -0.06, -0.055), HELPS_BELOW_MARGIN),  # below 0, gain 0.055 < 0.1
+        ((0.2, 0.3, 0.25), HURTS),
+        ((-0.01, 0.02, 0.005), NO_EFFECT),  # within +-0.1
+        ((-0.3, 0.3, 0.0), INCONCLUSIVE),  # wider than the margin on both sides
+        ((-0.3, 0.1, -0.25), INCONCLUSIVE),  # a mean gain of 0.15, but the interval reaches above 0
+        ((-0.2, -0.2, -0.2), INCONCLUSIVE),  # no spread: says nothing about run-to-run variation
+    ],
+)
+def test_the_rule_reads_each_interval_as_written(differences, expected):
+    assert rule_verdict(interval(*differences), margin=0.1) == expected
+
+
+def test_the_helps_bar_is_the_margin():
+    gain = interval(-0.2, -0.3, -0.25)  # mean gain 0.25
+    assert rule_verdict(gain, margin=0.25) == HELPS
+    assert rule_verdict(gain, margin=0.2501) == HELPS_BELOW_MARGIN
+
+
+def losses_for(worst: list[float]) -> dict[int, dict[str, float]]:
+    """Per seed: 'code' at the given worst loss, the other domains well below it."""
+    return {seed: {"answers": 3.0, "email": 3.1, "code": w} for seed, w in zip((1, 2, 3), worst, strict=True)}
+
+
+PROTOCOL = {"endpoint": "worst_domain_loss", "baseline": "natural", "confidence": 0.95, "margin": 0.1}
+
+
+def test_the_summary_pairs_by_seed_with_df_seeds_minus_one():
+    losses = {"natural": losses_for([5.0, 5.2, 5.1]), "minimax": losses_for([4.8, 4.9, 4.85])}
+    summary = summarise(losses, PROTOCOL)
+    minimax = summary["arms"]["minimax"]
+    # differences -0.2, -0.3, -0.25: mean -0.25, sample sd 0.05, half-width t * 0.05 / sqrt(3)
+    half = T_975_DF2 * 0.05 / math.sqrt(3)
+    assert minimax["difference"]["mean"] == pytest.approx(-0.25)
+    assert minimax["difference"]["df"] == 2
+    assert minimax["difference"]["low"] == pytest.approx(-0.25 - half)
+    assert minimax["difference"]["high"] == pytest.approx(-0.25 + half)
+    assert minimax["verdict"] == HELPS and minimax["worst_domain"] == "code"
+    assert minimax["domain_loss"]["code"] == pytest.approx(4.85)
+    assert summary["arms"]["natural"]["mean_domain_loss"] == pytest.approx((3.0 + 3.1 + 5.1) / 3)
+    assert "verdict" not in summary["arms"]["natural"]
+
+
+def test_the_mean_endpoint_averages_the_domains():
+    losses = {"natural": losses_for([5.0, 5.2, 5.1]), "minimax": losses_for([4.8, 4.9, 4.85])}
+    summary = summarise(losses, {**PROTOCOL, "endpoint": "mean_domain_loss"})
+    # the mean over 3 domains moves by a third of the worst domain's change
+    assert summary["arms"]["minimax"]["difference"]["mean"] == pytest.approx(-0.25 / 3)
+    assert summary["arms"]["minimax"]["verdict"] == HELPS_BELOW_MARGIN
+
+
+def fake_report(options: list[str]) -> dict[str, Any]:
+    """A task report whose worst ('code') loss depends on the arm and seed: minimax gains 0.2-0.3 nats."""
+    seed = int(options[options.index("--seed") + 1])
+    weighting = options[options.index("--weighting") + 1] if "--weighting" in options else "mixture"
+    worst = 5.0 + 0.1 * seed - (0.2 + 0.05 * (seed % 3) if weighting == "minimax" else 0.0)
+    shares = {"answers": 0.6, "email": 0.37, "code": 0.03}
+    return {
+        "tasks": DOMAINS,
+        "eval_task_loss": {"answers": 3.0, "email": 3.1, "code": worst},
+        "mixture_weights": shares,
+        "time_averaged_weights": {"answers": 0.2, "email": 0.2, "code": 0.6} if weighting == "minimax" else {},
+        "provenance": {"tokenizer_sha256": "t", "data_sha256": {d: d for d in DOMAINS}, "model_size": "tiny"},
+    }
+
+
+class FakeCells:
+    """Records each cell's recipe, folder and options; checks the protocol exists before the first one."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.calls = root, []
+
+    def __call__(self, recipe: str, cell: Path, options: list[str]) -> dict[str, Any]:
+        assert (self.root / decide.PROTOCOL_NAME).is_file()  # fixed before the first training step
+        self.calls.append((recipe, cell.relative_to(self.root).as_posix(), options))
+        return fake_report(options)
+
+
+def arguments(root: Path, **values: Any) -> decide.DecideArguments:
+    return decide.DecideArguments(output_dir=str(root), **{"seeds": [1, 2, 3], **values})
+
+
+def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
+    root = tmp_path / "d"
+    cells = FakeCells(root)
+    args = arguments(root, arms=["natural", "sampling_control", "stratified", "minimax", "group_dro", "doremi"])
+    summary = decide.decide(args, ["--max_steps", "5"], cells)
+    order = [cell for _, cell, _ in cells.calls]
+    assert order[:6] == [
+        "cells/natural/seed-1", "cells/sampling_control/seed-1", "cells/stratified/seed-1", "cells/minimax/seed-1",
+        "cells/group_dro/seed-1", "cells/doremi/seed-1",
+    ]  # fmt: skip
+    assert len(order) == 18
+    by_cell = {cell: (recipe, options) for recipe, cell, options in cells.calls}
+    natural_options = by_cell["cells/natural/seed-2"][1]
+    assert natural_options[-4:] == ["--seed", "2", "--weighting", "proportional"]
+    assert natural_options[:5] == [*decide.DEFAULT_RUN_OPTIONS, "--max_steps"]  # the user's options after the defaults
+    for cell, (recipe, options) in by_cell.items():
+        if "natural" not in cell.split("/")[1:2]:
+            seed = cell.rsplit("-", 1)[1]
+            assert options[options.index("--tokenizer_name") + 1] == str(root / "cells" / "natural" / f"seed-{seed}")
+            assert recipe == ("mixture" if "doremi" in cell else "causal_lm")
+    control = by_cell["cells/sampling_control/seed-3"][1]
+    weights = json.loads(Path(control[control.index("--domain_weights") + 1]).read_text())
+    assert weights["weights"] == pytest.approx({"answers": 0.6, "email": 0.37, "code": 0.03})
+    assert weights["provenance"]["tokenizer_sha256"] == "t"
+    stratified = by_cell["cells/stratified/seed-3"][1]
+    uniform = json.loads(Path(stratified[stratified.index("--domain_weights") + 1]).read_text())["weights"]
+    assert uniform == pytest.approx(dict.fromkeys(DOMAINS, 1 / 3))
+    dro = by_cell["cells/group_dro/seed-1"][1]
+    assert dro[dro.index("--reference_losses") + 1 : dro.index("--reference_losses") + 4] == ["3.0", "3.1", "5.1"]
+    assert dro[-2:] == ["--domain_sampling", "online"]
+    # minimax gains 0.2 + 0.05 (seed % 3) nats on the worst domain: 0.25, 0.3, 0.2 -> helps; the others do not move
+    assert summary["arms"]["minimax"]["verdict"] == HELPS
+    assert summary["arms"]["stratified"]["verdict"] == INCONCLUSIVE  # identical to natural: no spread
+    exported = json.loads((root / "winner_weights.json").read_text())
+    assert exported["weights"] == pytest.approx({"answers": 0.2, "email": 0.2, "code": 0.6})
+    assert exported["provenance"]["arm"] == "minimax" and exported["provenance"]["tokenizer_sha256"] == "t"
+    card = (root / "decision.md").read_text()
+    assert "Winner: `minimax`." in card and "Smallest domains (natural share): code (0.030), email (0.370)" in card
+    assert (root / "decision.png").stat().st_size > 0
+
+
+def test_a_rerun_with_another_protocol_is_refused_naming_what_changed(tmp_path):
+    root = tmp_path / "d"
+    decide.decide(arguments(root, arms=["minimax"]), [], FakeCells(root))
+    written = (root / decide.PROTOCOL_NAME).read_text()
+    decide.decide(arguments(root, arms=["minimax"]), [], FakeCells(root))  # the same protocol: accepted
+    with pytest.raises(UsageError, match=r"fixed another protocol before the first run \(changed: margin, rule\)"):
+        decide.decide(arguments(root, arms=["minimax"], margin=0.2), [], FakeCells(root))
+    with pytest.raises(UsageError, match=r"changed: run_options"):
+        decide.decide(arguments(root, arms=["minimax"]), ["--max_steps", "9"], FakeCells(root))
+    assert (root / decide.PROTOCOL_NAME).read_text() == written
+
+
+def test_no_helping_arm_leaves_no_winner_file(tmp_path):
+    root = tmp_path / "d"
+    decide.decide(arguments(root, arms=["stratified"]), [], FakeCells(root))
+    assert not (root / "winner_weights.json").exists()
+    assert "No arm helps by the rule: keep the baseline." in (root / "decision.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "3"], "--seed: robust-pretrain-decide sets these per cell"),
+        (["--weighting", "minimax"], "--weighting: robust-pretrain-decide sets these per cell"),
+        (["--seeds", "3"], "--seeds [3]: give at least 2 distinct seeds"),
+        (["--seeds", "3", "3"], "give at least 2 distinct seeds"),
+        (["--baseline", "minimax", "--arms", "stratified"], "--baseline minimax is not among the arms"),
+        (["--arms", "natural"], "--arms: give at least one arm besides natural"),
+        (["--arm", "mine"], "--arm mine: expected NAME=weights.json"),
+        (["--arm", "minimax=w.json"], "the arm 'minimax' exists already"),
+        (["--arm", "mine=missing.json"], "--arm mine=missing.json: missing.json is not a file"),
+        (["--margin", "0"], "--margin must be > 0"),
+        (["--arms", "natural", "magic"], "--arms"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(tmp_path, capsys, argv, message):
+    out = tmp_path / "d"
+    assert decide.main(["--output_dir", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and message in err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_real_recipe_end_to_end_and_a_rerun_reuses_every_cell(tmp_path):
+    passed = [a for a in recipe_argv(tmp_path, "unused", "--max_steps", "3") if a not in ("--seed", "5")]
+    passed = passed[: passed.index("--output_dir")] + passed[passed.index("--output_dir") + 2 :]
+    root = tmp_path / "decide"
+    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", "sampling_control", "minimax", *passed]
+    summary = decide.run(argv)
+    assert list(summary["arms"]) == ["natural", "sampling_control", "minimax"]
+    natural = json.loads((root / "cells" / "natural" / "seed-1" / "task_report.json").read_text())
+    control = json.loads((root / "cells" / "sampling_control" / "seed-1" / "task_report.json").read_text())
+    assert control["mixture_kind"] == "file" and control["mixture_weights"] == pytest.approx(natural["mixture_weights"])
+    minimax = json.loads((root / "cells" / "minimax" / "seed-2" / "task_report.json").read_text())
+    assert minimax["weighting"] == "minimax" and minimax["settings"]["domain_sampling"] == "online"
+    assert summary["arms"]["minimax"]["endpoint_per_seed"]["2"] == max(minimax["eval_task_loss"].values())
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("cells/*/*/task_report.json")}
+    assert decide.run(argv) == json.loads(json.dumps(summary))  # the same verdict from the reused cells
+    assert {p: p.stat().st_mtime_ns for p in root.glob("cells/*/*/task_report.json")} == stamps
