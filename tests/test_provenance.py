@@ -15,6 +15,7 @@ from test_recipe_pretrain import DEMO_CONFIG, TASKS
 from tiny_causal_lm import tiny_llama
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.data.domains import ewt_genre_texts
 from robust_pretrain.pretraining import causal_lm, multimae, pos_mlm
 from robust_pretrain.reference import (
     PROVENANCE_ENTRIES,
@@ -255,3 +256,18 @@ def test_the_vision_recipe_refuses_a_reference_run_recorded_before_the_schema(tm
     with test_recipe_multimae.single_thread():
         message = refused(multimae.main, "robust-pretrain-multimae", argv, tmp_path / "out", capsys)
     assert override_named(message) == ["training_data", "held_out_data", "model_size"]
+
+
+def test_the_decoder_tells_its_training_data_from_its_held_out_data(tmp_path, capsys) -> None:
+    """Streamed, each domain's first texts are its held-out data: the same first texts followed by the rest in another
+    order differ from the reference in training_data only."""
+    tokenizer = tmp_path / "tokenizer"
+    causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer)
+    streamed = ["--streaming", "true", "--stream_held_out_texts", "4", "--tokenizer_name", str(tokenizer)]
+    causal_lm.run(recipe_argv(tmp_path, "reference", *streamed, "--max_steps", "1"))
+    argv = recipe_argv(tmp_path, "out", *streamed, *EXCESS, "--reference_run", str(tmp_path / "reference"))
+    for name in DOMAINS:  # the files the reference read, rewritten in place after it finished
+        lines = (tmp_path / f"{name}.txt").read_text().splitlines()
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines[:4] + lines[:3:-1]) + "\n")
+    message = refused(causal_lm.main, "robust-pretrain-causal-lm", argv, tmp_path / "out", capsys)
+    assert override_named(message) == ["training_data"]
