@@ -15,6 +15,7 @@ from test_recipe_pretrain import DEMO_CONFIG, TASKS
 from tiny_causal_lm import tiny_llama
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.data import load_ewt_corpus
 from robust_pretrain.data.domains import ewt_genre_texts
 from robust_pretrain.pretraining import causal_lm, multimae, pos_mlm
 from robust_pretrain.reference import (
@@ -271,3 +272,63 @@ def test_the_decoder_tells_its_training_data_from_its_held_out_data(tmp_path, ca
         (tmp_path / f"{name}.txt").write_text("\n".join(lines[:4] + lines[:3:-1]) + "\n")
     message = refused(causal_lm.main, "robust-pretrain-causal-lm", argv, tmp_path / "out", capsys)
     assert override_named(message) == ["training_data"]
+
+
+@pytest.mark.slow
+def test_a_streamed_pos_run_of_another_seed_accepts_its_reference_run(tmp_path) -> None:
+    """The provenance is the data's, not the seed's: a reference run of seed 1 serves a run of seed 2 (streamed: the
+    training data's fingerprint is of the stream's first rows)."""
+    texts = [text.replace("\n", " ") for text in load_ewt_corpus("train")["text"][:120]]
+    for shard in range(2):
+        (tmp_path / f"part-{shard}.txt").write_text("\n".join(texts[shard::2]) + "\n")
+    (tmp_path / "valid.txt").write_text("\n".join(texts) + "\n")  # every task has held-out words
+    pos_mlm.train_wordpiece_tokenizer(texts, 600).save_pretrained(tmp_path / "tokenizer")
+
+    def run(output: str, seed: str, *extra: str) -> dict:
+        return pos_mlm.run(
+            [
+                "--streaming",
+                "true",
+                "--train_file",
+                str(tmp_path / "part-*.txt"),
+                "--validation_file",
+                str(tmp_path / "valid.txt"),
+                "--tokenizer_name",
+                str(tmp_path / "tokenizer"),
+                "--model_size",
+                "tiny",
+                "--max_seq_length",
+                "32",
+                "--per_device_train_batch_size",
+                "4",
+                "--max_steps",
+                "1",
+                "--save_strategy",
+                "no",
+                "--use_cpu",
+                "true",
+                "--disable_tqdm",
+                "true",
+                "--seed",
+                seed,
+                "--output_dir",
+                str(tmp_path / output),
+                *extra,
+            ]  # fmt: skip
+        )["report"]
+
+    reference = run("reference", "1", "--weighting", "proportional")
+    report = run("excess", "2", *EXCESS, "--reference_run", str(tmp_path / "reference"))
+    assert report["provenance"] == reference["provenance"]
+    assert report["reference_losses"] == reference["eval_task_loss"]
+
+
+def test_a_vision_run_of_another_seed_accepts_its_reference_run(tmp_path) -> None:
+    import test_recipe_multimae
+
+    with test_recipe_multimae.single_thread():
+        reference = multimae.run(test_recipe_multimae.argv(tmp_path / "reference", "--max_steps", "1"))["report"]
+        argv = test_recipe_multimae.argv(tmp_path / "excess", *EXCESS, "--reference_run", str(tmp_path / "reference"))
+        report = multimae.run([*argv, "--seed", "2"])["report"]
+    assert report["provenance"] == reference["provenance"] and report["provenance"]["tokenizer"] is None
+    assert report["reference_losses"] == reference["eval_task_loss"]
