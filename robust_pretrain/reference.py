@@ -88,7 +88,8 @@ def training_fingerprint(dataset: Any) -> str:
 class Provenance:
     """What a run's results depend on, the ``provenance`` block of its ``task_report.json`` (and of a domain-weights
     file): its tasks (domains, modalities), its tokenizer (``name`` and ``sha256`` of its definition; ``None``
-    without one), the SHA-256 of its training and held-out data (:func:`dataset_fingerprint`) and its model's size
+    without one), the SHA-256 (:func:`dataset_fingerprint`) of its training data as read (before tokenisation) and of
+    its held-out data as evaluated (tokenised, masked), and its model's size
     (:func:`robust_pretrain.reporting.cards.model_size`). Every recipe writes it; every run that builds on an earlier
     one's output compares it with :func:`check_provenance`."""
 
@@ -110,7 +111,7 @@ class Provenance:
     ) -> Provenance:
         """A run's provenance from its tasks, tokenizer (``None``: none; named ``tokenizer_name``, else its
         ``name_or_path``), data fingerprints and model."""
-        from robust_pretrain.reporting.cards import model_size
+        from robust_pretrain.reporting.cards import model_size  # reporting imports this module
 
         described = None
         if tokenizer is not None:
@@ -121,10 +122,10 @@ class Provenance:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def differences(self, recorded: Mapping[str, Any] | None, allowed: Collection[str] = ()) -> list[str]:
-        """The entries, not in ``allowed``, that ``recorded`` (an earlier run's provenance; ``None``: none recorded)
-        lacks or holds another value of; a tokenizer is compared by its fingerprint, not by the path it came from."""
-        recorded = recorded or {}
+    def differences(self, recorded: Any, allowed: Collection[str] = ()) -> list[str]:
+        """The entries, not in ``allowed``, that ``recorded`` (an earlier run's provenance; not a mapping: none
+        recorded) lacks or holds another value of; a tokenizer is compared by its fingerprint, not by its path."""
+        recorded = recorded if isinstance(recorded, Mapping) else {}
         ours = self.to_dict()
         return [
             entry
@@ -132,15 +133,15 @@ class Provenance:
             if entry not in allowed and (entry not in recorded or _identity(recorded[entry]) != _identity(ours[entry]))
         ]
 
-    def describe_difference(self, entry: str, recorded: Mapping[str, Any] | None) -> str:
+    def describe_difference(self, entry: str, recorded: Any) -> str:
         """``entry`` in words: its recorded value and this run's, digests shortened."""
-        if recorded is None or entry not in recorded:
+        if not isinstance(recorded, Mapping) or entry not in recorded:
             return f"{entry} (not recorded)"
         return f"{entry} ({_describe(recorded[entry])} there, {_describe(self.to_dict()[entry])} here)"
 
 
 def check_provenance(
-    option: str, source: str | Path, recorded: Mapping[str, Any] | None, current: Provenance, allowed: Collection[str]
+    option: str, source: str | Path, recorded: Any, current: Provenance, allowed: Collection[str]
 ) -> None:
     """The one provenance check of every input that an earlier run produced (``--reference_run``, ``--domain_weights``,
     ...): refuse (:class:`UsageError`, one line naming ``option``, the differing entries and the override) an input
