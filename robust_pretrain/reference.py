@@ -3,23 +3,24 @@
 Two sources, both declared on :class:`~robust_pretrain.training_args.MinimaxTrainingArguments`:
 
 * ``--reference_run DIR`` (static): the held-out per-task losses of a finished run, read from its
-  ``task_report.json`` (typically the same recipe trained with ``proportional``). The run's ``provenance`` (tasks,
-  tokenizer, held-out data) must match this run's: every difference is named, and refused unless it is listed in
-  ``--reference_mismatch_ok``.
+  ``task_report.json`` (typically the same recipe trained with ``proportional``).
 * ``--reference_model PATH`` (online, DoReMi's form): a frozen model (no gradient, eval mode, the target-only MLM head
   where the trained model has one) runs on the step's first micro-batch; its per-task losses on the same targets are
   the step's reference, pooled over processes with the trained model's own losses (no extra collective).
 
-A run records its provenance in ``task_report.json`` (:func:`run_provenance`) so it can serve as a reference later.
+Every recipe records its :class:`Provenance` (tasks, tokenizer, training and held-out data, model size) in
+``task_report.json``; whatever a run takes from an earlier run (``--reference_run``, the decoder's ``--domain_weights``)
+is checked against it by :func:`check_provenance`: any entry it lacks or differs in is refused unless
+``--reference_mismatch_ok`` names it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ from robust_pretrain.cli import UsageError
 from robust_pretrain.task_losses import TargetPositionsHead
 
 TASK_REPORT_NAME = "task_report.json"  # written by robust_pretrain.reporting.task_report
-#: what ``--reference_mismatch_ok`` may accept: provenance entries whose difference a user can overrule
-PROVENANCE_ENTRIES = ("tasks", "tokenizer", "held_out_data")
+#: the entries of a run's provenance, in the order they are compared and named; ``--reference_mismatch_ok`` takes them
+PROVENANCE_ENTRIES = ("tasks", "tokenizer", "training_data", "held_out_data", "model_size")
+OVERRIDE_OPTION = "--reference_mismatch_ok"
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -43,32 +45,134 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+FINGERPRINT_ROWS = 4096
+"""Rows serialised at a time by :func:`dataset_fingerprint` (its memory is one such slice, not the dataset)."""
+
+
 def dataset_fingerprint(dataset: Any, *settings: Any) -> str:
     """SHA-256 of a ``datasets.Dataset``'s content (its Arrow table, row selections applied) and ``settings`` (e.g.
-    the seed of the held-out masks): equal for the same held-out examples, whatever their path or cache."""
+    the seed of the held-out masks): equal for the same examples, whatever their path, cache or chunking."""
     import pyarrow as pa
 
     if getattr(dataset, "_indices", None) is not None:
         dataset = dataset.flatten_indices()
     table = dataset.data.table.replace_schema_metadata(None)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table.combine_chunks())
-    digest = hashlib.sha256(sink.getvalue().to_pybytes())
+    digest = hashlib.sha256(table.schema.serialize().to_pybytes())
+    for start in range(0, table.num_rows, FINGERPRINT_ROWS):
+        rows = table.slice(start, FINGERPRINT_ROWS)
+        # ``take`` copies the rows into fresh buffers: the bytes depend on the values, not on how they were stored
+        for batch in rows.take(pa.array(range(rows.num_rows))).combine_chunks().to_batches():
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_batch(batch)
+            digest.update(sink.getvalue().to_pybytes())
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()
 
 
-def run_provenance(
-    tasks: Sequence[str], held_out_sha256: str, tokenizer: Any = None, tokenizer_name: str | None = None
-) -> dict[str, Any]:
-    """The ``provenance`` block of ``task_report.json``: the tasks (or modalities), the tokenizer (name and
-    fingerprint; ``None`` without one) and the held-out data's fingerprint (:func:`dataset_fingerprint`)."""
-    described = None
-    if tokenizer is not None:
-        name = tokenizer_name or getattr(tokenizer, "name_or_path", None)
-        described = {"name": name, "sha256": tokenizer_fingerprint(tokenizer)}
-    return {"tasks": list(tasks), "tokenizer": described, "held_out_data": held_out_sha256}
+STREAM_SAMPLE_ROWS = 200
+"""Rows of a stream that :func:`training_fingerprint` hashes (a stream is not read whole before training)."""
+
+
+def training_fingerprint(dataset: Any) -> str:
+    """:func:`dataset_fingerprint` of a run's training data; of a stream (an ``IterableDataset``), of its first
+    :data:`STREAM_SAMPLE_ROWS` rows."""
+    from datasets import Dataset, IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        dataset = Dataset.from_list(list(dataset.take(STREAM_SAMPLE_ROWS)))
+    return dataset_fingerprint(dataset)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a run's results depend on, the ``provenance`` block of its ``task_report.json`` (and of a domain-weights
+    file): its tasks (domains, modalities), its tokenizer (``name`` and ``sha256`` of its definition; ``None``
+    without one), the SHA-256 (:func:`dataset_fingerprint`) of its training data as read (before tokenisation) and of
+    its held-out data as evaluated (tokenised, masked), and its model's size
+    (:func:`robust_pretrain.reporting.cards.model_size`). Every recipe writes it; every run that builds on an earlier
+    one's output compares it with :func:`check_provenance`."""
+
+    tasks: list[str]
+    tokenizer: dict[str, str] | None
+    training_data: str
+    held_out_data: str
+    model_size: dict[str, int]
+
+    @classmethod
+    def of_run(
+        cls,
+        tasks: Sequence[str],
+        tokenizer: Any,
+        training_data: str,
+        held_out_data: str,
+        model: torch.nn.Module,
+        tokenizer_name: str | None = None,
+    ) -> Provenance:
+        """A run's provenance from its tasks, tokenizer (``None``: none; named ``tokenizer_name``, else its
+        ``name_or_path``), data fingerprints and model."""
+        from robust_pretrain.reporting.cards import model_size  # reporting imports this module
+
+        described = None
+        if tokenizer is not None:
+            name = tokenizer_name or getattr(tokenizer, "name_or_path", None)
+            described = {"name": name, "sha256": tokenizer_fingerprint(tokenizer)}
+        return cls(list(tasks), described, training_data, held_out_data, model_size(model))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def differences(self, recorded: Any, allowed: Collection[str] = ()) -> list[str]:
+        """The entries, not in ``allowed``, that ``recorded`` (an earlier run's provenance; not a mapping: none
+        recorded) lacks or holds another value of; a tokenizer is compared by its fingerprint, not by its path."""
+        recorded = recorded if isinstance(recorded, Mapping) else {}
+        ours = self.to_dict()
+        return [
+            entry
+            for entry in PROVENANCE_ENTRIES
+            if entry not in allowed and (entry not in recorded or _identity(recorded[entry]) != _identity(ours[entry]))
+        ]
+
+    def describe_difference(self, entry: str, recorded: Any) -> str:
+        """``entry`` in words: its recorded value and this run's, digests shortened."""
+        if not isinstance(recorded, Mapping) or entry not in recorded:
+            return f"{entry} (not recorded)"
+        return f"{entry} ({_describe(recorded[entry])} there, {_describe(self.to_dict()[entry])} here)"
+
+
+def check_provenance(
+    option: str, source: str | Path, recorded: Any, current: Provenance, allowed: Collection[str]
+) -> None:
+    """The one provenance check of every input that an earlier run produced (``--reference_run``, ``--domain_weights``,
+    ...): refuse (:class:`UsageError`, one line naming ``option``, the differing entries and the override) an input
+    whose ``recorded`` provenance lacks or differs in an entry of ``current`` that ``allowed`` does not name."""
+    differences = current.differences(recorded, allowed)
+    if differences:
+        described = "; ".join(current.describe_difference(entry, recorded) for entry in differences)
+        raise UsageError(
+            f"{option} {source}: its provenance differs from this run's in {described}; use an input made for this "
+            f"run, or pass {OVERRIDE_OPTION} {' '.join(differences)} to use it anyway"
+        )
+
+
+def check_override(allowed: Collection[str], inputs: Mapping[str, Any]) -> None:
+    """Refuse ``--reference_mismatch_ok`` (``allowed``) when none of the ``inputs`` (option name -> value given) whose
+    provenance it overrides is given."""
+    if allowed and all(value is None for value in inputs.values()):
+        raise UsageError(f"{OVERRIDE_OPTION.lstrip('-')}: only used with {' or '.join(inputs)}")
+
+
+def _identity(value: Any) -> Any:
+    """What must match: a tokenizer's fingerprint (not the path it was loaded from), any other entry whole."""
+    return value.get("sha256") if isinstance(value, dict) and "sha256" in value else value
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict) and "sha256" in value:
+        return f"{value.get('name')} sha256 {str(value['sha256'])[:12]}"
+    if isinstance(value, str) and len(value) == 64:
+        return f"sha256 {value[:12]}"
+    return "none" if value is None else json.dumps(value)
 
 
 @dataclass
@@ -105,51 +209,11 @@ class ReferenceRun:
             )
         return [self.losses[name] for name in tasks]
 
-    def provenance_problems(self, current: dict[str, Any], allowed: Sequence[str] = ()) -> list[str]:
-        """One line per provenance entry that differs from ``current`` (this run's :func:`run_provenance`) and is not
-        in ``allowed``; a report without provenance is one problem (unless every entry is allowed)."""
-        where = f"--reference_run {self.directory}"
-        hint = "; pass --reference_mismatch_ok {} to use it anyway"
-        if self.provenance is None:
-            if set(PROVENANCE_ENTRIES) <= set(allowed):
-                return []
-            return [
-                f"{where}: its task_report.json records no provenance (tasks, tokenizer, held-out data) to check"
-                + hint.format(",".join(PROVENANCE_ENTRIES))
-            ]
-        problems = []
-        for entry in PROVENANCE_ENTRIES:
-            theirs, ours = self.provenance.get(entry), current.get(entry)
-            if entry in allowed or _identity(entry, theirs) == _identity(entry, ours):
-                continue
-            if entry == "tokenizer":
-                theirs, ours = _describe_tokenizer(theirs), _describe_tokenizer(ours)
-            elif entry == "held_out_data":
-                theirs, ours = f"sha256 {str(theirs)[:12]}", f"sha256 {str(ours)[:12]}"
-            label = entry.replace("_", "-")
-            problems.append(f"{where}: {label} differ: it has {theirs}, this run {ours}" + hint.format(entry))
-        return problems
 
-
-def check_reference_run(directory: str | None, allowed: Sequence[str], provenance: dict[str, Any]) -> None:
-    """Refuse (:class:`UsageError`, one line per difference) a ``--reference_run`` whose provenance differs from this
-    run's ``provenance`` in an entry not in ``allowed``; nothing to do without a reference run."""
-    if directory is None:
-        return
-    problems = ReferenceRun.load(directory).provenance_problems(provenance, allowed)
-    if problems:
-        raise UsageError(*problems)
-
-
-def _identity(entry: str, value: Any) -> Any:
-    """What must match: a tokenizer's fingerprint (not the path it was loaded from), any other entry whole."""
-    return value.get("sha256") if entry == "tokenizer" and isinstance(value, dict) else value
-
-
-def _describe_tokenizer(tokenizer: dict[str, Any] | None) -> str:
-    if tokenizer is None:
-        return "no tokenizer"
-    return f"{tokenizer.get('name')} (sha256 {str(tokenizer.get('sha256'))[:12]})"
+def check_reference_run(directory: str | None, allowed: Collection[str], provenance: Provenance) -> None:
+    """:func:`check_provenance` of a ``--reference_run`` (nothing to do without one)."""
+    if directory is not None:
+        check_provenance("--reference_run", directory, ReferenceRun.load(directory).provenance, provenance, allowed)
 
 
 class ReferenceModel:
@@ -198,11 +262,14 @@ def compatibility_problems(reference: torch.nn.Module, model: torch.nn.Module) -
 
 __all__ = [
     "PROVENANCE_ENTRIES",
+    "Provenance",
     "ReferenceModel",
     "ReferenceRun",
+    "check_override",
+    "check_provenance",
     "check_reference_run",
     "compatibility_problems",
     "dataset_fingerprint",
-    "run_provenance",
     "tokenizer_fingerprint",
+    "training_fingerprint",
 ]

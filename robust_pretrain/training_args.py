@@ -115,13 +115,14 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         None,
         "loss_normalization='excess': take the reference losses from this finished run's task_report.json (its "
         "held-out per-task losses; typically the same recipe with weighting=proportional). Its provenance (tasks, "
-        "tokenizer, held-out data) must match this run's, see reference_mismatch_ok.",
+        "tokenizer, training and held-out data, model size) must match this run's, see reference_mismatch_ok.",
         path="dir",
     )
     reference_mismatch_ok: list[str] = option(
         default_factory=list,
-        help="Provenance entries of reference_run allowed to differ from this run's (each difference is otherwise "
-        "refused).",
+        help="Provenance entries allowed to differ between this run and an earlier run's output that it uses "
+        "(reference_run, the decoder's domain_weights); any other difference, or an entry the input does not record, "
+        "is refused.",
         choices=PROVENANCE_ENTRIES,
     )
 
@@ -149,8 +150,6 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
 
     def _resolve_reference(self) -> None:
         """Check the reference options; ``reference_run`` fills ``reference_losses`` (in task order)."""
-        if self.reference_mismatch_ok and self.reference_run is None:
-            raise ValueError("reference_mismatch_ok: only used with reference_run")
         given = [name for name in ("reference_run", "reference_model") if getattr(self, name) is not None]
         if not given:
             return

@@ -172,7 +172,7 @@ def test_the_mixture_command_runs_every_stage_of_the_causal_lm_recipe(tmp_path):
     assert proxy["settings"]["reference_losses"] == [reference["eval_task_loss"][d] for d in reference["tasks"]]
     assert exported["weights"] == proxy["time_averaged_weights"]
     # the same tokenizer, data and model: the main run accepts the weights and draws with them
-    assert exported["provenance"]["tokenizer_sha256"] == reference["provenance"]["tokenizer_sha256"]
+    assert exported["provenance"]["tokenizer"]["sha256"] == reference["provenance"]["tokenizer"]["sha256"]
     assert exported["main"]["mixture_kind"] == "file"
     total = sum(exported["weights"].values())
     assert exported["main"]["mixture_weights"] == pytest.approx({k: v / total for k, v in exported["weights"].items()})

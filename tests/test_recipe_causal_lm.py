@@ -22,6 +22,7 @@ from robust_pretrain.data.domains import (
     pack_domains,
 )
 from robust_pretrain.pretraining import causal_lm
+from robust_pretrain.reference import PROVENANCE_ENTRIES
 from robust_pretrain.task_sampling import TaskSamplingSchedule
 
 DOMAINS = ["answers", "email", "reviews"]
@@ -168,7 +169,7 @@ def test_recipe_reports_each_domain_and_its_model_generates(tmp_path):
     worst = max(report["eval_task_loss"].values())
     assert report["eval_worst_task_perplexity"] == pytest.approx(math.exp(worst), rel=1e-9)
     assert report["eval_mean_task_perplexity"] == pytest.approx(sum(report["eval_task_perplexity"].values()) / 3)
-    assert set(report["provenance"]["data_sha256"]) == set(DOMAINS)
+    assert list(report["provenance"]) == list(PROVENANCE_ENTRIES) and report["provenance"]["tasks"] == DOMAINS
     card = (output / "README.md").read_text()
     for name in DOMAINS:
         perplexity = report["eval_task_perplexity"][name]
@@ -227,10 +228,11 @@ def test_weights_from_a_file_are_drawn_and_their_provenance_is_checked(tmp_path,
     other = recipe_argv(tmp_path, "other", "--domain_weights", str(path), "--vocab_size", "300")
     assert causal_lm.main(other) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    # each difference named: the tokenizer, and the model size its vocabulary changes
-    assert len(errors) == 1 and "were learned with another tokenizer, another model size (" in errors[0]
+    # each difference named: the tokenizer, the held-out token ids and the model size its vocabulary changes
+    differing = ["tokenizer", "held_out_data", "model_size"]
+    assert len(errors) == 1 and f"pass --reference_mismatch_ok {' '.join(differing)} to use it" in errors[0]
     assert not (tmp_path / "other" / "model.safetensors").exists()
-    report = causal_lm.run([*other, "--allow_weights_mismatch", "true"])["report"]
+    report = causal_lm.run([*other, "--reference_mismatch_ok", *differing])["report"]
     assert report["mixture_weights"] == weights
 
 
@@ -254,9 +256,10 @@ def test_a_streamed_run_extended_from_its_checkpoint_matches_an_uninterrupted_on
     tokenizer_dir = tmp_path / "tokenizer"
     causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer_dir)
     weights = tmp_path / "weights.json"
-    weights.write_text(json.dumps({"weights": {"answers": 0.5, "email": 0.3, "reviews": 0.2}}))
+    weights.write_text(json.dumps({"weights": {"answers": 0.5, "email": 0.3, "reviews": 0.2}}))  # no provenance
     streaming = ["--streaming", "true", "--stream_held_out_texts", "4", "--tokenizer_name", str(tokenizer_dir),
-                 "--domain_weights", str(weights), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+                 "--domain_weights", str(weights), "--reference_mismatch_ok", *PROVENANCE_ENTRIES,
+                 "--lr_scheduler_type", "constant", "--warmup_steps", "0",
                  "--save_strategy", "steps", "--save_steps", "3"]  # fmt: skip
     whole = causal_lm.run(recipe_argv(tmp_path, "whole", *streaming))["report"]
     causal_lm.run(recipe_argv(tmp_path, "extended", *streaming, "--max_steps", "3"))

@@ -69,15 +69,6 @@ def ewt_genre_texts(split: str = "train", ud_dir: str | Path | None = None) -> D
     return Dataset.from_dict({"text": texts, DOMAIN_COLUMN: domains}, split=split)
 
 
-def texts_fingerprint(texts: Sequence[str]) -> str:
-    """SHA-256 of a domain's texts (in order), independent of the files or format they were read from."""
-    digest = hashlib.sha256()
-    for text in texts:
-        digest.update(text.encode("utf-8"))
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
 class _PackCausal:
     """Batched ``datasets.map`` function over the texts of **one** domain: tokenise, end each text with ``eos``,
     concatenate and cut into ``max_length`` tokens (the last, shorter sequence is kept; the collator pads it)."""
@@ -259,5 +250,4 @@ __all__ = [
     "ewt_genre_texts",
     "pack_domains",
     "stream_domains",
-    "texts_fingerprint",
 ]

@@ -12,12 +12,12 @@ applying weights; the objective is then the plain mean) or from a file of weight
 ``domain_weights.json`` of ``robust-pretrain-mixture``). With ``--streaming`` each ``--domain_files`` source is a
 stream, packed on the fly and replayed exactly on resume. The run writes the model (``AutoModelForCausalLM``) and
 tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity (mean and worst domain), the
-domains' mixture weights and the run's provenance (tokenizer, data and model), and a model card.
+domains' mixture weights and the run's provenance (:class:`~robust_pretrain.reference.Provenance`), and a model
+card.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -53,7 +53,6 @@ from robust_pretrain.data.domains import (
     ewt_genre_texts,
     pack_domains,
     stream_domains,
-    texts_fingerprint,
 )
 from robust_pretrain.options import check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
@@ -68,6 +67,13 @@ from robust_pretrain.pretraining.common import (
     training_settings,
 )
 from robust_pretrain.pretraining.pos_mlm import TEXT_BUILDERS, _check_text_file, matching_files
+from robust_pretrain.reference import (
+    Provenance,
+    check_override,
+    check_provenance,
+    check_reference_run,
+    dataset_fingerprint,
+)
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
@@ -91,7 +97,7 @@ DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, ke
     "small": (6, 512, 8, 4, 1536),
 }
 MIN_VOCAB_SIZE = 64  # a byte-level BPE vocabulary holds its 256 bytes: smaller sizes are raised to them
-NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir", "allow_weights_mismatch"}
+NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir"}
 DOMAIN_WEIGHTS_NAME = "domain_weights.json"
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 GENERATION_USAGE = """\
@@ -154,12 +160,9 @@ class DomainDataArguments:
     domain_weights: str | None = option(
         None,
         'JSON file of domain sampling weights ({"weights": {domain: weight}}, e.g. robust-pretrain-mixture\'s '
-        "domain_weights.json): each training sequence's domain is drawn from them. Its provenance (tokenizer, data, "
-        "model size) must match this run's unless --allow_weights_mismatch.",
+        "domain_weights.json): each training sequence's domain is drawn from them. Its provenance (domains, "
+        "tokenizer, training and held-out data, model size) must match this run's, see --reference_mismatch_ok.",
         path="file",
-    )
-    allow_weights_mismatch: bool = option(
-        False, "Train with --domain_weights whose provenance differs from this run (each difference is logged)."
     )
     max_eval_sequences: int | None = option(None, "Held-out sequences kept per domain (the first ones).", minimum=1)
     streaming: bool = option(
@@ -428,22 +431,9 @@ def load_model(model_args: CausalModelArguments, tokenizer: Any, max_seq_length:
     return LlamaForCausalLM(config)
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """SHA-256 of the tokenizer's full definition (vocabulary, merges, normalisation, special tokens)."""
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
-
-
-def provenance(texts: DomainTexts, tokenizer: Any, model: torch.nn.Module) -> dict[str, Any]:
-    """What domain weights learned by this run depend on: the tokenizer, each domain's training texts and the
-    model's size (a file of weights from another tokenizer, data or size is refused by a run that uses them)."""
-    data = {}
-    for index, name in enumerate(texts.names):
-        data[name] = texts_fingerprint(domain_texts(texts.train, index)["text"])
-    return {"tokenizer_sha256": tokenizer_fingerprint(tokenizer), "data_sha256": data, "model_size": model_size(model)}
-
-
-def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[str, Any]]:
-    """The weights (in domain order) and provenance of a domain-weights file; refuse one whose domains differ."""
+def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[str, Any] | None]:
+    """The weights (in domain order) and provenance (``None``: none recorded) of a domain-weights file; refuse one
+    whose domains differ."""
     try:
         content = json.loads(Path(path).read_text())
         weights = content["weights"]
@@ -454,20 +444,7 @@ def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[
         raise UsageError(f"--domain_weights {path} has the domains {sorted(weights)}, this run {sorted(names)}")
     if any(not value >= 0 or value == float("inf") for value in values) or sum(values) <= 0:
         raise UsageError(f"--domain_weights {path}: weights must be finite, >= 0 and not all 0, got {weights}")
-    return [float(weights[name]) for name in names], content.get("provenance", {})
-
-
-def provenance_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Each way the run that learned the weights (``saved``) differs from this one, in words."""
-    differences = []
-    if saved.get("tokenizer_sha256") not in (None, current["tokenizer_sha256"]):
-        differences.append("another tokenizer")
-    for name, digest in saved.get("data_sha256", {}).items():
-        if current["data_sha256"].get(name) != digest:
-            differences.append(f"other {name} data")
-    if saved.get("model_size") not in (None, current["model_size"]):
-        differences.append(f"another model size ({saved['model_size']} vs {current['model_size']})")
-    return differences
+    return [float(weights[name]) for name in names], content.get("provenance")
 
 
 class WeightAverageCallback(TrainerCallback, ExportableState):
@@ -566,6 +543,8 @@ def run(argv: list[str]) -> dict:
     parser = OptionParser((CausalModelArguments, DomainDataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(task_names=domain_names_before_parse(argv), report_to=[], save_total_limit=2)
     model_args, data_args, training_args = parse_with_config(parser, argv)
+    given = {"reference_run": training_args.reference_run, "domain_weights": data_args.domain_weights}
+    check_override(training_args.reference_mismatch_ok, given)
     if model_args.model_name_or_path is not None:
         check_checkpoint(model_args.model_name_or_path)
         check_causal_checkpoint(model_args.model_name_or_path)
@@ -600,16 +579,6 @@ def run(argv: list[str]) -> dict:
 
     tokenizer = load_tokenizer(model_args, training_args, texts.train["text"], resume_checkpoint)
     model = load_model(model_args, tokenizer, data_args.max_seq_length)
-    run_provenance = provenance(texts, tokenizer, model)
-    if saved_provenance is not None:
-        differences = provenance_differences(saved_provenance, run_provenance)
-        if differences and not data_args.allow_weights_mismatch:
-            raise UsageError(
-                f"--domain_weights {data_args.domain_weights} were learned with {', '.join(differences)} than this "
-                "run; learn weights for this setting (robust-pretrain-mixture) or pass --allow_weights_mismatch true"
-            )
-        for difference in differences:
-            logger.warning("--domain_weights were learned with %s than this run (--allow_weights_mismatch)", difference)
 
     num_domains = len(texts.names)
     with training_args.main_process_first(desc="tokenizing and packing"):
@@ -623,6 +592,19 @@ def run(argv: list[str]) -> dict:
     if data_args.max_eval_sequences is not None:
         keep = [i for d in range(num_domains) for i in _first_rows(eval_sequences, d, data_args.max_eval_sequences)]
         eval_sequences = eval_sequences.select(keep)
+    tokenizer_source = model_args.tokenizer_name or model_args.model_name_or_path
+    provenance = Provenance.of_run(
+        texts.names,
+        tokenizer,
+        dataset_fingerprint(texts.train),  # streamed: the first texts of each stream
+        dataset_fingerprint(eval_sequences),
+        model,
+        tokenizer_source or f"byte-level BPE trained on the training text (vocab_size {model_args.vocab_size})",
+    )
+    check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)
+    if data_args.domain_weights is not None:
+        allowed = training_args.reference_mismatch_ok
+        check_provenance("--domain_weights", data_args.domain_weights, saved_provenance, provenance, allowed)
     sequences = domain_counts(train_sequences, num_domains)  # streamed: of the sample
     if texts.streams is not None:
         train_sequences = stream_domains(
@@ -683,12 +665,11 @@ def run(argv: list[str]) -> dict:
         mixture_weights=dict(zip(texts.names, mixture, strict=True)),
         mixture_kind=mixture_kind,
         time_averaged_weights=dict(zip(texts.names, averages.average() or [], strict=False)),
-        provenance=run_provenance,
+        provenance=provenance.to_dict(),
     )
     perplexities = list(report["eval_task_perplexity"].values())
     report["eval_mean_task_perplexity"] = sum(perplexities) / len(perplexities) if perplexities else None
     base = trainer.accelerator.unwrap_model(trainer.model)
-    tokenizer_source = model_args.tokenizer_name or model_args.model_name_or_path
     content = ModelCardContent(
         architecture=type(base).__name__,
         tasks=domain_tasks(texts.names, ["streamed"] * num_domains if texts.streams else sequences, mixture, report),

@@ -45,7 +45,7 @@ from robust_pretrain.pretraining.common import (
     train_and_evaluate,
     training_settings,
 )
-from robust_pretrain.reference import check_reference_run, dataset_fingerprint, run_provenance
+from robust_pretrain.reference import Provenance, check_override, check_reference_run, dataset_fingerprint
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.plots import plot_reconstructions
 from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multimae_card_content
@@ -460,6 +460,7 @@ def run(argv: list[str]) -> dict:
         warmup_steps=0.05,
     )
     model_args, data_args, training_args = parse_with_config(parser, argv)
+    check_override(training_args.reference_mismatch_ok, {"reference_run": training_args.reference_run})
     if list(training_args.task_names) != list(model_args.modalities):
         raise UsageError(f"--task_names {training_args.task_names} differ from the modalities {model_args.modalities}")
     check_checkpoint(model_args.model_name_or_path)
@@ -521,7 +522,7 @@ def run(argv: list[str]) -> dict:
     held_out = dataset_fingerprint(
         eval_raw, data_args.eval_masking_seed, budget, data_args.mask_alpha, config.image_size, config.patch_size
     )
-    provenance = run_provenance(task_names, held_out)
+    provenance = Provenance.of_run(task_names, None, dataset_fingerprint(train_raw), held_out, model)
     check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)
     write_run_config(training_args, settings)
     trainer = create_trainer(

@@ -55,7 +55,13 @@ from robust_pretrain.pretraining.common import (
     train_tokenizer_once,
     training_settings,
 )
-from robust_pretrain.reference import check_reference_run, dataset_fingerprint, run_provenance
+from robust_pretrain.reference import (
+    Provenance,
+    check_override,
+    check_reference_run,
+    dataset_fingerprint,
+    training_fingerprint,
+)
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
@@ -555,6 +561,7 @@ def run(argv: list[str]) -> dict:
     parser = OptionParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(task_names=spec.task_names, report_to=[], save_total_limit=3)
     model_args, data_args, training_args = parse_with_config(parser, argv)
+    check_override(training_args.reference_mismatch_ok, {"reference_run": training_args.reference_run})
     if list(training_args.task_names) != spec.task_names:
         raise UsageError(f"--task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
     if data_args.streaming:
@@ -624,10 +631,12 @@ def run(argv: list[str]) -> dict:
         eval_dataset, collator(data_args.eval_masking_seed), data_args.max_seq_length, tokenizer.pad_token_id
     )
     tokenizer_name = model_args.tokenizer_name or model_args.model_name_or_path
-    provenance = run_provenance(
+    provenance = Provenance.of_run(
         spec.task_names,
-        dataset_fingerprint(eval_dataset),
         tokenizer,
+        training_fingerprint(raw["train"]),
+        dataset_fingerprint(eval_dataset),
+        model,
         tokenizer_name or f"WordPiece trained on the training text (vocab_size {model_args.vocab_size})",
     )
     check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from robust_pretrain.reference import TASK_REPORT_NAME
+from robust_pretrain.reference import TASK_REPORT_NAME, Provenance
 from robust_pretrain.reporting.aggregation import worst_task
 from robust_pretrain.reporting.plots import plot_task_trajectories
 from robust_pretrain.reporting.scoring import report_reference, score_line, score_losses
@@ -46,12 +46,12 @@ def task_report(
     eval_metrics: dict[str, float],
     settings: dict[str, Any],
     final_weights: Sequence[float] | None = None,
-    provenance: dict[str, Any] | None = None,
+    provenance: Provenance | None = None,
 ) -> dict[str, Any]:
     """Final weight and held-out loss of every task, with the mean and the worst task, and the run's ``scores``
     (:func:`~robust_pretrain.reporting.scoring.score_losses`): ``raw``, and ``excess`` over the reference losses the
-    run trained against, if any (``reference_losses``); ``provenance`` (tasks, tokenizer, held-out data:
-    :func:`robust_pretrain.reference.run_provenance`) lets a later run use this one as its ``--reference_run``.
+    run trained against, if any (``reference_losses``); ``provenance`` (:class:`robust_pretrain.reference.Provenance`)
+    lets a later run use this one as its ``--reference_run``.
 
     The final weights are those of the last logged step; ``final_weights`` (the weights of the run's last optimizer
     step, ``MinimaxTrainer.step_weights``) replace them when the log history does not reach the last step (the Trainer
@@ -79,7 +79,7 @@ def task_report(
         "train_steps": train_steps,
         "reference_losses": reference,
         "scores": score_losses(eval_losses, reference) if eval_losses else {},
-        **({"provenance": provenance} if provenance is not None else {}),
+        **({"provenance": provenance.to_dict()} if provenance is not None else {}),
     }
 
 
