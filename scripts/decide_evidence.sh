@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The imbalanced-domain experiment of issue 28 item 4: robust-pretrain-decide on two regimes (EWT genres + Python
+# standard-library code at ~3 %; EWT genres with email cut to ~2.6 %), arms natural / sampling_control (baseline) /
+# minimax / doremi, 8 paired seeds, 600 steps. Protocol and decision rule: scripts/decide_evidence_protocol.md.
+#
+#   bash scripts/decide_evidence.sh [OUT]       (OUT defaults to outputs/decide-evidence)
+#
+# Environment: PY (python), SEEDS (default 42-49), REGIMES (default "python rare_email"), EXTRA (options added to
+# every run, e.g. "--max_steps 4" for a smoke test), RESULTS (default benchmarks/results/decide_evidence), STATE
+# (default benchmarks/results/decide_evidence_state). Resumable within a session (finished cells reused, an
+# interrupted one resumes) and across sessions: the finished cells' JSON files are saved to $STATE after every
+# invocation (commit them) and restored at the start of the next.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-outputs/decide-evidence}
+PY=${PY:-.venv/bin/python}
+SEEDS=${SEEDS:-42 43 44 45 46 47 48 49}
+REGIMES=${REGIMES:-python rare_email}
+RESULTS=${RESULTS:-benchmarks/results/decide_evidence}
+STATE=${STATE:-benchmarks/results/decide_evidence_state}
+source scripts/evidence_common.sh
+
+for regime in $REGIMES; do
+  "$PY" scripts/decide_evidence_data.py --regime "$regime" --out "$OUT/$regime.jsonl"
+  "$PY" scripts/decide_evidence_state.py restore "$OUT/$regime" "$STATE/$regime"
+  # shellcheck disable=SC2086  # SEEDS and EXTRA are lists
+  run "decide-$regime" "$PY" recipes/decide_mixing.py --output_dir "$OUT/$regime" \
+    --arms natural sampling_control minimax doremi --baseline sampling_control --seeds $SEEDS \
+    --endpoint worst_domain_loss --margin 0.1 --confidence 0.95 \
+    --train_file "$OUT/$regime.jsonl" --domain_column domain --validation_split_percentage 15 \
+    --max_steps 600 --disable_tqdm true ${EXTRA:-}
+  status=$?
+  "$PY" scripts/decide_evidence_state.py save "$OUT/$regime" "$STATE/$regime"
+  if [ "$status" -ne 0 ]; then
+    echo "decide $regime stopped (exit $status): see $OUT/decide-$regime.log; rerun to resume" >&2
+    exit "$status"
+  fi
+  for ext in md json png; do cp "$OUT/$regime/decision.$ext" "${RESULTS}_$regime.$ext"; done
+  cp "$OUT/commands.txt" "${RESULTS}_commands.txt"
+  cp "$OUT/timings.txt" "${RESULTS}_timings.txt"
+done
+echo "wrote ${RESULTS}_*.{md,json,png}"

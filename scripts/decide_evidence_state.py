@@ -1,0 +1,62 @@
+"""Carry a resumable ``robust-pretrain-decide`` run across sessions whose checkouts start empty: ``save`` copies the
+JSON files that let a rerun reuse every finished cell (its task report, stage record and weights files; the protocol)
+into a committed folder, ``restore`` puts back what is missing. A natural cell's tokenizer files go along only while
+another arm of its seed is unfinished (those arms train with it); model weights never do (finished cells are reused
+from their reports alone).
+
+    python scripts/decide_evidence_state.py save RUN STATE      # RUN: the --output_dir, STATE: the committed folder
+    python scripts/decide_evidence_state.py restore RUN STATE
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+
+
+def finished(cell: Path) -> bool:
+    return (cell / "task_report.json").is_file()
+
+
+def kept_files(run: Path) -> list[Path]:
+    """The files of ``run`` (a decide output folder) that a rerun needs to reuse what finished."""
+    files = [run / "protocol.json"] if (run / "protocol.json").is_file() else []
+    for report in run.glob("cells/**/task_report.json"):
+        files += [report, *(p for p in [report.parent / "stage.json"] if p.is_file())]
+    files += [p for p in run.glob("cells/**/*weights*.json") if p.is_file()]
+    for natural in run.glob("cells/natural/seed-*"):
+        others = [arm / natural.name for arm in (run / "cells").iterdir() if arm.name != "natural"]
+        if finished(natural) and not all(finished(cell) for cell in others):
+            files += [natural / name for name in TOKENIZER_FILES if (natural / name).is_file()]
+    return sorted(set(files))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["save", "restore"])
+    parser.add_argument("run", type=Path, help="the decide --output_dir")
+    parser.add_argument("state", type=Path, help="the committed folder")
+    cli = parser.parse_args()
+    if cli.action == "save":
+        shutil.rmtree(cli.state, ignore_errors=True)
+        for path in kept_files(cli.run):
+            target = cli.state / path.relative_to(cli.run)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+        print(f"saved {len(kept_files(cli.run))} files of {cli.run} to {cli.state}")
+    elif cli.state.is_dir():
+        restored = 0
+        for path in cli.state.rglob("*.json"):
+            target = cli.run / path.relative_to(cli.state)
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+                restored += 1
+        print(f"restored {restored} files of {cli.state} into {cli.run}")
+
+
+if __name__ == "__main__":
+    main()
