@@ -17,6 +17,22 @@ MODALITY_KINDS = ("rgb", "depth", "semseg")
 MODALITY_LOSSES = ("mse", "l1", "cross_entropy")
 DEPTH_NORMALIZATIONS = ("none", "standardize")
 DECODER_TYPES = ("cross_attention", "joint")
+# The cross-attention decoder's four switches: this project's variant (the config defaults, what checkpoints without
+# the keys were trained with) and MultiMAE's (its SpatialOutputAdapter with decoder_use_task_queries).
+DECODER_VARIANTS = {
+    "project": dict(
+        decoder_use_task_queries=False,
+        decoder_cross_attention_residual=True,
+        decoder_final_norm=True,
+        decoder_reads_encoder_norm=True,
+    ),
+    "multimae": dict(
+        decoder_use_task_queries=True,
+        decoder_cross_attention_residual=False,
+        decoder_final_norm=False,
+        decoder_reads_encoder_norm=False,
+    ),
+}
 _KIND_DEFAULTS = {"rgb": (3, "mse"), "depth": (1, "l1"), "semseg": (1, "cross_entropy")}
 
 
@@ -104,9 +120,16 @@ class MultiMAEConfig(PretrainedConfig):
     Decoders (pre-training, one per modality): ``decoder_*`` sizes; ``decoder_type`` ``"cross_attention"``
     (MultiMAE's: the queries cross-attend to the encoded tokens, then ``decoder_num_hidden_layers`` self-attention
     layers over the queries) or ``"joint"`` (self-attention layers over the encoded tokens and the queries together;
-    what a saved config without the key was trained with). Fine-tuning heads: ``finetune_modalities`` are the
-    inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense heads are DPT reassemble-and-fuse
-    heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes`` / ``fusion_hidden_size`` channels.
+    what a saved config without the key was trained with). Four switches of the cross-attention decoder (defaults:
+    this project's variant; :data:`DECODER_VARIANTS` ``"multimae"`` sets all four to reproduce MultiMAE's decoder):
+    ``decoder_use_task_queries`` (a visible patch's query is its own encoded token, as the context sees it, in place
+    of the mask token: MultiMAE's ``decoder_use_task_queries``), ``decoder_cross_attention_residual`` (add the
+    queries back after the cross-attention; MultiMAE does not), ``decoder_final_norm`` (a LayerNorm before the
+    prediction; MultiMAE has none) and ``decoder_reads_encoder_norm`` (the decoders read the encoder's final
+    LayerNorm; MultiMAE's read its last layer's output, it has no final norm). Fine-tuning heads:
+    ``finetune_modalities`` are the inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense
+    heads are DPT reassemble-and-fuse heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes``
+    / ``fusion_hidden_size`` channels.
 
     Args:
         modalities: list of :class:`ModalitySpec` (or their dicts); default rgb, depth, semseg (40 classes).
@@ -140,6 +163,10 @@ class MultiMAEConfig(PretrainedConfig):
     decoder_num_attention_heads: int = 8
     decoder_intermediate_size: int = 1024
     decoder_type: str = "cross_attention"
+    decoder_use_task_queries: bool = False
+    decoder_cross_attention_residual: bool = True
+    decoder_final_norm: bool = True
+    decoder_reads_encoder_norm: bool = True
     finetune_modalities: list[str] | None = None
     head_layer_indices: list[int] | None = None
     neck_hidden_sizes: list[int] | None = None
@@ -160,6 +187,9 @@ class MultiMAEConfig(PretrainedConfig):
             raise ValueError(f"finetune_modalities: {self.finetune_modalities} must be a non-empty subset of {names}")
         if self.decoder_type not in DECODER_TYPES:
             raise ValueError(f"decoder_type {self.decoder_type!r} is not one of {DECODER_TYPES}")
+        changed = [key for key, value in DECODER_VARIANTS["project"].items() if getattr(self, key) != value]
+        if changed and self.decoder_type != "cross_attention":
+            raise ValueError(f"{changed} apply to decoder_type 'cross_attention', not {self.decoder_type!r}")
         if self.hidden_size % 4 or self.decoder_hidden_size % 4:
             raise ValueError("hidden_size and decoder_hidden_size must be multiples of 4 (2D sine-cosine embeddings)")
         height, width = self.image_grid_size()

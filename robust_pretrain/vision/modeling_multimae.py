@@ -101,6 +101,18 @@ def prepare_depth(spec: ModalitySpec, depth: torch.Tensor) -> tuple[torch.Tensor
     return values, valid, mean, std
 
 
+def _place_own_tokens(
+    queries: torch.Tensor, context: torch.Tensor, context_patches: torch.Tensor, own: torch.Tensor
+) -> torch.Tensor:
+    """``queries`` (B, N, D) with the query of every patch that has an ``own`` context token (``context`` (B, S, D)
+    at patch ``context_patches`` (B, S)) replaced by that token."""
+    patches = torch.arange(queries.shape[1], device=queries.device)
+    match = own[:, None, :] & (context_patches[:, None, :] == patches[None, :, None])  # (B, N, S)
+    source = match.to(torch.uint8).argmax(dim=-1)  # (B, N) the matching context token, if any
+    tokens = torch.gather(context, 1, source[..., None].expand(-1, -1, context.shape[-1]))
+    return torch.where(match.any(dim=-1)[..., None], tokens, queries)
+
+
 def _check_class_ids(ids: torch.Tensor, num_classes: int, ignore_index: int, what: str) -> None:
     bad = (ids != ignore_index) & ((ids < 0) | (ids >= num_classes))
     if bad.any():
@@ -193,8 +205,9 @@ class MultiMAEEmbeddings(nn.Module):
 
 
 class MultiMAECrossAttention(nn.Module):
-    """MultiMAE's decoder cross-attention block: the queries attend to the context (pre-norm on both, multi-head,
-    residual), then a pre-norm MLP (residual). Sizes, activation and dropouts from the decoder's config."""
+    """The decoder's cross-attention block: the queries attend to the context (pre-norm on both, multi-head; plus the
+    queries when ``decoder_cross_attention_residual``, which MultiMAE's block does not add), then a pre-norm MLP
+    (residual). Sizes, activation and dropouts from the decoder's config."""
 
     def __init__(self, config: MultiMAEConfig) -> None:
         super().__init__()
@@ -214,6 +227,7 @@ class MultiMAECrossAttention(nn.Module):
             nn.Linear(config.intermediate_size, width),
         )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.residual = config.decoder_cross_attention_residual
 
     def _heads(self, values: torch.Tensor) -> torch.Tensor:
         batch, length, width = values.shape
@@ -229,14 +243,19 @@ class MultiMAECrossAttention(nn.Module):
             attn_mask=None if context_mask is None else context_mask.bool()[:, None, None, :],
             dropout_p=self.attention_dropout if self.training else 0.0,
         )
-        hidden = queries + self.dropout(self.output(attended.transpose(1, 2).flatten(2)))
+        hidden = self.dropout(self.output(attended.transpose(1, 2).flatten(2)))
+        if self.residual:
+            hidden = queries + hidden
         return hidden + self.dropout(self.mlp(self.mlp_norm(hidden)))
 
 
 class MultiMAEDecoder(nn.Module):
     """The decoder of one modality: one query per patch, predicting every patch's values from the encoded context
     tokens. ``decoder_type="cross_attention"`` (MultiMAE): a cross-attention block from the queries to the context,
-    then ViT layers over the queries; ``"joint"``: ViT layers over the context and the queries together."""
+    then ViT layers over the queries; ``"joint"``: ViT layers over the context and the queries together. A query is
+    the mask token plus position and modality embeddings, or with ``decoder_use_task_queries`` for a visible patch of
+    the decoder's own modality that patch's context token; a LayerNorm precedes the prediction if
+    ``decoder_final_norm``."""
 
     def __init__(self, config: MultiMAEConfig, spec: ModalitySpec) -> None:
         super().__init__()
@@ -251,7 +270,8 @@ class MultiMAEDecoder(nn.Module):
         if config.decoder_type == "cross_attention":
             self.cross_attention = MultiMAECrossAttention(decoder_config)
         self.layers = nn.ModuleList([ViTLayer(decoder_config) for _ in range(config.decoder_num_hidden_layers)])
-        self.norm = nn.LayerNorm(config.decoder_hidden_size, eps=config.layer_norm_eps)
+        if config.decoder_final_norm:
+            self.norm = nn.LayerNorm(config.decoder_hidden_size, eps=config.layer_norm_eps)
         self.prediction = nn.Linear(config.decoder_hidden_size, config.patch_size**2 * spec.output_channels)
 
     def forward(
@@ -259,13 +279,15 @@ class MultiMAEDecoder(nn.Module):
         encoded: torch.Tensor,
         context_positions: torch.Tensor,
         context_modalities: torch.Tensor,
+        context_patches: torch.Tensor,
         query_positions: torch.Tensor,
         query_modality: int,
         attention_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """``encoded`` (B, G+V, D); ``context_positions`` (B, G+V, Dd) position embeddings (0 for global tokens);
-        ``context_modalities`` (B, G+V) source-modality ids (-1 for global tokens); ``query_positions`` (N, Dd).
-        Returns (B, N, patch_size**2 * output_channels)."""
+        ``context_modalities`` (B, G+V) source-modality ids (-1 for global tokens); ``context_patches`` (B, G+V)
+        patch indices (-1 for global tokens); ``query_positions`` (N, Dd); ``attention_mask`` (B, G+V) 1 for real
+        tokens, or None. Returns (B, N, patch_size**2 * output_channels)."""
         batch = encoded.shape[0]
         modality_embedding = torch.where(
             (context_modalities >= 0)[..., None],
@@ -273,13 +295,18 @@ class MultiMAEDecoder(nn.Module):
             torch.zeros((), dtype=encoded.dtype, device=encoded.device),
         )
         context = self.decoder_embed(encoded) + context_positions + modality_embedding
-        queries = self.mask_token + query_positions + self.modality_embeddings[query_modality]
+        queries = (self.mask_token + query_positions + self.modality_embeddings[query_modality]).expand(batch, -1, -1)
+        if self.config.decoder_use_task_queries:
+            own = context_modalities == query_modality
+            if attention_mask is not None:
+                own = own & attention_mask.bool()
+            queries = _place_own_tokens(queries, context, context_patches, own)
         if self.config.decoder_type == "cross_attention":
-            hidden = self.cross_attention(queries.expand(batch, -1, -1), context, attention_mask)
+            hidden = self.cross_attention(queries, context, attention_mask)
             for layer in self.layers:
                 hidden = layer(hidden)
-            return self.prediction(self.norm(hidden))
-        hidden = torch.cat([context, queries.expand(batch, -1, -1)], dim=1)
+            return self.prediction(self.norm(hidden) if self.config.decoder_final_norm else hidden)
+        hidden = torch.cat([context, queries], dim=1)
         if attention_mask is not None:
             padding = torch.ones(batch, queries.shape[1], dtype=attention_mask.dtype, device=attention_mask.device)
             attention_mask = create_bidirectional_mask(
@@ -487,10 +514,11 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
         encoder = self.multimae
         batch, grid_h, grid_w = encoder.grid_size(inputs)
         num_patches = grid_h * grid_w
-        encoded = encoder.encode(inputs, masks, output_hidden_states=output_hidden_states)
+        reads_norm = self.config.decoder_reads_encoder_norm
+        encoded = encoder.encode(inputs, masks, output_hidden_states=output_hidden_states or not reads_norm)
         present = [spec.name for spec in self.config.modalities if spec.name in inputs]
         config_index = {spec.name: i for i, spec in enumerate(self.config.modalities)}
-        hidden_states = encoded.last_hidden_state
+        hidden_states = encoded.last_hidden_state if reads_norm else encoded.hidden_states[-1]
         decoder_dim = self.config.decoder_hidden_size
         position = sincos_position_embedding(grid_h, grid_w, decoder_dim, hidden_states.device, hidden_states.dtype)
         # Position and source modality of every context token (global tokens: no position, modality -1).
@@ -502,6 +530,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
             [hidden_states.new_zeros(batch, num_global, decoder_dim), position[patch_index]], dim=1
         )
         context_modalities = torch.cat([source.new_full((batch, num_global), -1), source], dim=1)
+        context_patches = torch.cat([patch_index.new_full((batch, num_global), -1), patch_index], dim=1)
 
         task_losses, task_counts, predictions = {}, {}, {}
         for name in present:
@@ -510,6 +539,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
                 hidden_states,
                 context_positions,
                 context_modalities,
+                context_patches,
                 position,
                 config_index[name],
                 encoded.attention_mask,
@@ -533,7 +563,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
             task_losses=task_losses,
             task_counts=task_counts,
             predictions=predictions,
-            hidden_states=encoded.hidden_states,
+            hidden_states=encoded.hidden_states if output_hidden_states else None,
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         return output if return_dict else output.to_tuple()
