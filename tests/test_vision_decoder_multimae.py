@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_recipe_multimae import argv
+from test_recipe_pretrain import single_thread
 from tiny_vision import IMAGE, NUM_PATCHES, PATCH, random_batch, tiny_config
 from torch.nn import functional as F
 
+from robust_pretrain.config import load_config_file
+from robust_pretrain.pretraining import multimae as recipe
 from robust_pretrain.vision.configuration_multimae import DECODER_VARIANTS, MultiMAEConfig
 from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
 
@@ -174,3 +178,14 @@ def test_defaults_are_the_project_variant_and_the_switches_need_cross_attention(
     assert {key: getattr(loaded, key) for key in DECODER_VARIANTS["multimae"]} == DECODER_VARIANTS["multimae"]
     with pytest.raises(ValueError, match=r"\['decoder_final_norm'\] apply to decoder_type 'cross_attention'"):
         tiny_config(decoder_type="joint", decoder_final_norm=False)
+
+
+def test_the_recipe_and_the_vision_demo_reach_the_variant(tmp_path: Path) -> None:
+    """``--decoder_variant multimae`` trains and saves MultiMAE's switches; the demo config names the variant."""
+    assert load_config_file("vision_demo")["decoder_variant"] == "project"
+    with single_thread():
+        recipe.run(
+            argv(tmp_path / "run", "--decoder_variant", "multimae", "--max_steps", "1", "--num_reconstructions", "0")
+        )
+    saved = MultiMAEConfig.from_pretrained(tmp_path / "run")
+    assert {key: getattr(saved, key) for key in DECODER_VARIANTS["multimae"]} == DECODER_VARIANTS["multimae"]
