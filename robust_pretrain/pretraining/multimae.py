@@ -103,9 +103,11 @@ class ModelArguments:
     )
     semseg_ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
     depth_normalization: str = option(
-        "standardize",
-        "From scratch: depth input and loss on each image's depth standardised over its valid pixels ('standardize', "
-        "MultiMAE's standardize_depth: the task weights do not depend on the depth unit) or on raw metres ('none').",
+        "standardize_trimmed",
+        "From scratch: depth input and loss on each image's depth standardised over its valid pixels as MultiMAE "
+        "does, the top and bottom tenth of the values left out of the statistics ('standardize_trimmed', the "
+        "default: robust to a sensor's far and stray pixels), with all of them ('standardize'), or on raw metres "
+        "('none'). Standardised, the task weights do not depend on the depth unit.",
         choices=list(DEPTH_NORMALIZATIONS),
     )
     max_depth: float = option(

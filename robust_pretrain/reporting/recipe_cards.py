@@ -106,7 +106,7 @@ def _loss_description(spec: Any) -> str:
         return f"cross-entropy (ignore index {spec.ignore_index})"
     if spec.kind != "depth":
         return LOSS_DESCRIPTIONS[spec.loss]
-    unit = "per-image standardised depth" if spec.depth_normalization == "standardize" else "metres"
+    unit = "metres" if spec.depth_normalization == "none" else "per-image standardised depth"
     cap = "" if spec.max_depth is None else f", cap {spec.max_depth:g} m"
     return f"{LOSS_DESCRIPTIONS[spec.loss]} ({unit}{cap})"
 

@@ -15,7 +15,9 @@ from transformers import AutoConfig, PretrainedConfig
 
 MODALITY_KINDS = ("rgb", "depth", "semseg")
 MODALITY_LOSSES = ("mse", "l1", "cross_entropy")
-DEPTH_NORMALIZATIONS = ("none", "standardize")
+DEPTH_NORMALIZATIONS = ("none", "standardize", "standardize_trimmed")
+DEPTH_TRIM = 0.1  # standardize_trimmed: the share of an image's valid depth values left out at each end (MultiMAE's)
+DEPTH_VARIANCE_EPS = 1e-6  # standardize_trimmed: added to the variance (MultiMAE's), in the depth unit squared
 DECODER_TYPES = ("cross_attention", "joint")
 # The cross-attention decoder's four switches: this project's variant (the config defaults, what checkpoints without
 # the keys were trained with) and MultiMAE's (its SpatialOutputAdapter with decoder_use_task_queries).
@@ -48,7 +50,10 @@ class ModalitySpec:
     the NYUv2 metric's cap (Kinect frames carry 65.535 m "valid" pixels); ``None`` keeps every positive pixel.
     ``depth_normalization="standardize"`` (MultiMAE's ``standardize_depth``) feeds and reconstructs each image's
     depth standardised by the mean and standard deviation of its valid pixels (invalid pixels become 0, the mean), so
-    the depth loss and everything the encoder sees do not depend on the depth unit; ``"none"`` uses the raw values.
+    the depth loss and everything the encoder sees do not depend on the depth unit; ``"standardize_trimmed"`` is
+    MultiMAE's exact robust variant: the mean and the (unbiased) variance come from the valid values of ranks
+    ``floor(0.1 n)`` to ``floor(0.9 n) - 1`` of the ``n`` sorted ones (the top and bottom 10 % trimmed) and the
+    values are ``(depth - mean) / sqrt(variance + 1e-6)``; ``"none"`` uses the raw values.
     """
 
     name: str

@@ -48,7 +48,7 @@ from transformers.models.vit.modeling_vit import ViTLayer
 from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
 from transformers.utils import ModelOutput
 
-from .configuration_multimae import ModalitySpec, MultiMAEConfig
+from .configuration_multimae import DEPTH_TRIM, DEPTH_VARIANCE_EPS, ModalitySpec, MultiMAEConfig
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
@@ -84,8 +84,9 @@ def unpatchify(patches: torch.Tensor, patch_size: int, grid_height: int, grid_wi
 def prepare_depth(spec: ModalitySpec, depth: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A depth modality's values as the model sees and reconstructs them, for ``depth`` (B, C, H, W): the values
     (invalid pixels 0), the valid-pixel mask (positive, finite, at most ``spec.max_depth``) and each image's mean and
-    standard deviation (B, 1, 1, 1) of its valid pixels (0 and 1 unless ``spec.depth_normalization`` is
-    ``"standardize"``; a constant image keeps 1) that map the values back to depth units: ``values * std + mean``."""
+    standard deviation (B, 1, 1, 1) that map the values back to depth units, ``values * std + mean``: 0 and 1 for
+    ``spec.depth_normalization`` ``"none"``; for ``"standardize"`` those of the valid pixels (a constant image keeps
+    1); for ``"standardize_trimmed"`` :func:`trimmed_depth_statistics`."""
     valid = (depth > 0) & torch.isfinite(depth)
     if spec.max_depth is not None:
         valid = valid & (depth <= spec.max_depth)
@@ -97,8 +98,32 @@ def prepare_depth(spec: ModalitySpec, depth: torch.Tensor) -> tuple[torch.Tensor
         mean = values.sum(dim=(1, 2, 3), keepdim=True) / count
         variance = torch.where(valid, (values - mean) ** 2, zero).sum(dim=(1, 2, 3), keepdim=True) / count
         std = torch.where(variance > 0, variance.sqrt(), torch.ones_like(variance))
+    elif spec.depth_normalization == "standardize_trimmed":
+        mean, std = trimmed_depth_statistics(values, valid)
+    if spec.depth_normalization != "none":
         values = torch.where(valid, (values - mean) / std, zero)
     return values, valid, mean, std
+
+
+def trimmed_depth_statistics(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MultiMAE's robust depth statistics per image of ``values`` (B, C, H, W) over its ``valid`` pixels: the mean
+    and ``sqrt(variance + DEPTH_VARIANCE_EPS)`` (unbiased variance) of the sorted valid values of ranks
+    ``floor(DEPTH_TRIM * n)`` to ``floor((1 - DEPTH_TRIM) * n) - 1``, each (B, 1, 1, 1). Where that leaves no value
+    (n < 2) every valid value counts (mean 0 without any); a single value has variance 0."""
+    flat_valid = valid.flatten(1)
+    count = flat_valid.sum(dim=1, keepdim=True)
+    infinity = torch.tensor(float("inf"), dtype=values.dtype, device=values.device)
+    ordered = torch.sort(torch.where(flat_valid, values.flatten(1), infinity), dim=1).values
+    ordered = torch.where(torch.isfinite(ordered), ordered, torch.zeros_like(ordered))
+    rank = torch.arange(ordered.shape[1], device=values.device)[None]
+    low, high = (count * DEPTH_TRIM).long(), (count * (1 - DEPTH_TRIM)).long()
+    kept = (rank >= low) & (rank < high)
+    kept = torch.where(high > low, kept, rank < count)
+    kept_count = kept.sum(dim=1, keepdim=True)
+    mean = (ordered * kept).sum(dim=1, keepdim=True) / kept_count.clamp_min(1)
+    variance = (((ordered - mean) * kept) ** 2).sum(dim=1, keepdim=True) / (kept_count - 1).clamp_min(1)
+    shape = (-1, 1, 1, 1)
+    return mean.view(shape), (variance + DEPTH_VARIANCE_EPS).sqrt().view(shape)
 
 
 def _place_own_tokens(
