@@ -19,6 +19,8 @@ DEPTH_NORMALIZATIONS = ("none", "standardize", "standardize_trimmed")
 DEPTH_TRIM = 0.1  # standardize_trimmed: the share of an image's valid depth values left out at each end (MultiMAE's)
 DEPTH_VARIANCE_EPS = 1e-6  # standardize_trimmed: added to the variance (MultiMAE's), in the depth unit squared
 DECODER_TYPES = ("cross_attention", "joint")
+SEMSEG_HEADS = ("dpt", "convnext")
+DEPTH_LOSSES = ("l1", "berhu")
 # The cross-attention decoder's four switches: this project's variant (the config defaults, what checkpoints without
 # the keys were trained with) and MultiMAE's (its SpatialOutputAdapter with decoder_use_task_queries).
 DECODER_VARIANTS = {
@@ -134,7 +136,10 @@ class MultiMAEConfig(PretrainedConfig):
     LayerNorm; MultiMAE's read its last layer's output, it has no final norm). Fine-tuning heads:
     ``finetune_modalities`` are the inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense
     heads are DPT reassemble-and-fuse heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes``
-    / ``fusion_hidden_size`` channels.
+    / ``fusion_hidden_size`` channels; ``semseg_head="convnext"`` gives semantic segmentation MultiMAE's ConvNeXt
+    head instead (:class:`~robust_pretrain.vision.heads.ConvNeXtSegmentationHead` over the encoder's last layer,
+    ``convnext_head_dim`` / ``convnext_preds_per_patch`` / ``convnext_num_blocks``: MultiMAE's 6144 / 16 / 4), and
+    ``depth_loss="berhu"`` depth estimation MultiMAE's berHu loss instead of L1 (:mod:`robust_pretrain.vision.losses`).
 
     Args:
         modalities: list of :class:`ModalitySpec` (or their dicts); default rgb, depth, semseg (40 classes).
@@ -177,6 +182,11 @@ class MultiMAEConfig(PretrainedConfig):
     neck_hidden_sizes: list[int] | None = None
     fusion_hidden_size: int = 256
     semantic_loss_ignore_index: int = 255
+    semseg_head: str = "dpt"
+    convnext_head_dim: int = 6144
+    convnext_preds_per_patch: int = 16
+    convnext_num_blocks: int = 4
+    depth_loss: str = "l1"
     semantic_classifier_dropout: float | int = 0.1
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -195,6 +205,16 @@ class MultiMAEConfig(PretrainedConfig):
         changed = [key for key, value in DECODER_VARIANTS["project"].items() if getattr(self, key) != value]
         if changed and self.decoder_type != "cross_attention":
             raise ValueError(f"{changed} apply to decoder_type 'cross_attention', not {self.decoder_type!r}")
+        if self.semseg_head not in SEMSEG_HEADS:
+            raise ValueError(f"semseg_head {self.semseg_head!r} is not one of {SEMSEG_HEADS}")
+        if self.depth_loss not in DEPTH_LOSSES:
+            raise ValueError(f"depth_loss {self.depth_loss!r} is not one of {DEPTH_LOSSES}")
+        side = round(self.convnext_preds_per_patch**0.5)
+        if side < 1 or side * side != self.convnext_preds_per_patch or self.convnext_head_dim % side**2:
+            raise ValueError(
+                f"convnext_preds_per_patch {self.convnext_preds_per_patch} must be a square number that divides "
+                f"convnext_head_dim {self.convnext_head_dim}"
+            )
         if self.hidden_size % 4 or self.decoder_hidden_size % 4:
             raise ValueError("hidden_size and decoder_hidden_size must be multiples of 4 (2D sine-cosine embeddings)")
         height, width = self.image_grid_size()

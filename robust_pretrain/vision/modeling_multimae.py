@@ -49,6 +49,8 @@ from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_pos
 from transformers.utils import ModelOutput
 
 from .configuration_multimae import DEPTH_TRIM, DEPTH_VARIANCE_EPS, ModalitySpec, MultiMAEConfig
+from .heads import ConvNeXtSegmentationHead
+from .losses import depth_loss
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
@@ -675,6 +677,10 @@ class MultiMAEForImageClassification(MultiMAEFineTuningModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    def head_modules(self) -> list[str]:
+        """The modules of the head (LoRA's ``modules_to_save``)."""
+        return ["classifier"]
+
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -727,10 +733,16 @@ class MultiMAEDenseModel(MultiMAEFineTuningModel):
     readout token.
     """
 
-    def __init__(self, config: MultiMAEConfig) -> None:
+    def __init__(self, config: MultiMAEConfig, neck: bool = True) -> None:
         super().__init__(config)
         self.multimae = MultiMAEModel(config)
-        self.neck = DPTNeck(_dpt_config(config))
+        if neck:
+            self.neck = DPTNeck(_dpt_config(config))
+
+    def head_modules(self) -> list[str]:
+        """The modules of the head (LoRA's ``modules_to_save``): the DPT head is named by its only child, so that
+        a suffix match cannot catch that child as a second module."""
+        return ["neck", "head.head"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -756,7 +768,9 @@ class MultiMAEDenseModel(MultiMAEFineTuningModel):
 
 
 class MultiMAEForSemanticSegmentation(MultiMAEDenseModel):
-    """Semantic segmentation (``config.num_labels`` classes) with a DPT neck and transformers' DPT segmentation head.
+    """Semantic segmentation (``config.num_labels`` classes) with a DPT neck and transformers' DPT segmentation head,
+    or with ``config.semseg_head="convnext"`` MultiMAE's ConvNeXt head on the encoder's last layer (before its final
+    norm: MultiMAE's encoder has none), the input modalities' tokens of a patch concatenated as MultiMAE does.
 
     ``logits`` are upsampled (bilinear) to the label map's size when ``labels`` are given, else to the input size;
     so a label map of another size than the image is scored at its own resolution (never resized). Loss: pixel
@@ -764,9 +778,31 @@ class MultiMAEForSemanticSegmentation(MultiMAEDenseModel):
     """
 
     def __init__(self, config: MultiMAEConfig) -> None:
-        super().__init__(config)
-        self.head = DPTSemanticSegmentationHead(_dpt_config(config))
+        convnext = config.semseg_head == "convnext"
+        super().__init__(config, neck=not convnext)
+        if convnext:
+            self.head = ConvNeXtSegmentationHead(
+                config.hidden_size * len(config.finetune_modalities),
+                config.convnext_head_dim,
+                config.convnext_preds_per_patch,
+                config.convnext_num_blocks,
+                config.num_labels,
+            )
+        else:
+            self.head = DPTSemanticSegmentationHead(_dpt_config(config))
         self.post_init()
+
+    def head_modules(self) -> list[str]:
+        return ["head"] if self.config.semseg_head == "convnext" else super().head_modules()
+
+    def _convnext_logits(
+        self, pixel_values: torch.Tensor | None, modality_inputs: dict[str, torch.Tensor | None]
+    ) -> tuple[torch.Tensor, tuple[int, int], tuple[torch.Tensor, ...]]:
+        encoded, (grid_h, grid_w), image_size = self._encode_finetune_inputs(pixel_values, modality_inputs, True)
+        last = encoded.hidden_states[-1][:, self.config.num_global_tokens :]
+        batch, num_inputs = last.shape[0], len(self.config.finetune_modalities)
+        tokens = last.reshape(batch, num_inputs, grid_h * grid_w, -1).permute(0, 2, 1, 3).flatten(2)
+        return self.head(tokens, grid_h, grid_w), image_size, encoded.hidden_states
 
     def forward(
         self,
@@ -778,11 +814,14 @@ class MultiMAEForSemanticSegmentation(MultiMAEDenseModel):
         return_dict: bool | None = None,
         **other_modalities: torch.Tensor,
     ) -> SemanticSegmenterOutput | tuple:
-        features, image_size, hidden_states = self._fused_features(
-            pixel_values, {"rgb": rgb, "depth": depth, **other_modalities}
-        )
+        modality_inputs = {"rgb": rgb, "depth": depth, **other_modalities}
+        if self.config.semseg_head == "convnext":
+            logits, image_size, hidden_states = self._convnext_logits(pixel_values, modality_inputs)
+        else:
+            features, image_size, hidden_states = self._fused_features(pixel_values, modality_inputs)
+            logits = self.head(features)
         size = tuple(labels.shape[-2:]) if labels is not None else image_size
-        logits = F.interpolate(self.head(features), size=size, mode="bilinear", align_corners=False)
+        logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
         loss = None
         if labels is not None:
             if labels.dim() != 3:
@@ -804,9 +843,10 @@ class MultiMAEForDepthEstimation(MultiMAEDenseModel):
     """Monocular depth with a DPT neck and transformers' DPT depth head (non-negative output, metres).
 
     ``predicted_depth`` (B, H, W) is upsampled (bilinear) to the label size when ``labels`` are given, else to the
-    input size. Loss: L1 in metres over the valid pixels (label > 0 and finite), 0 when a batch has none. L1 rather
-    than the scale-invariant log loss: it scores the metric depth the metrics (δ1, AbsRel, RMSE) evaluate, is the
-    pre-training depth loss, and needs no log of a zero prediction from the ReLU output.
+    input size. Loss (``config.depth_loss``): L1 in metres over the valid pixels (label > 0 and finite), 0 when a
+    batch has none, or MultiMAE's berHu over them (:func:`~robust_pretrain.vision.losses.depth_loss`). L1 by
+    default rather than the scale-invariant log loss: it scores the metric depth the metrics (δ1, AbsRel, RMSE)
+    evaluate, is the pre-training depth loss, and needs no log of a zero prediction from the ReLU output.
     """
 
     def __init__(self, config: MultiMAEConfig) -> None:
@@ -837,9 +877,7 @@ class MultiMAEForDepthEstimation(MultiMAEDenseModel):
         loss = None
         if labels is not None:
             labels = labels.to(predicted_depth.dtype)
-            valid = (labels > 0) & torch.isfinite(labels)
-            error = (predicted_depth - torch.where(valid, labels, torch.zeros_like(labels))).abs()
-            loss = (error * valid).sum() / valid.sum().clamp_min(1)
+            loss = depth_loss(self.config.depth_loss, predicted_depth, labels, (labels > 0) & torch.isfinite(labels))
         output = DepthEstimatorOutput(
             loss=loss, predicted_depth=predicted_depth, hidden_states=hidden_states if output_hidden_states else None
         )
