@@ -733,6 +733,8 @@ def load_model(
     at."""
     path, task = run_args.model_name_or_path, run_args.task
     model_type = checkpoint_model_type(path, task)
+    # A local checkpoint loads by its absolute path, which a LoRA adapter records as its base (resolves from anywhere)
+    source = str(Path(path).resolve()) if Path(path).is_dir() else path
     labels = (
         {}
         if label_names is None
@@ -746,9 +748,9 @@ def load_model(
         if model_args.input_modalities != ["rgb"]:
             raise UsageError(f"--input_modalities {model_args.input_modalities}: a ViT checkpoint reads rgb only")
         if run_args.random_init:
-            model = ViTForImageClassification(ViTConfig.from_pretrained(path, **labels))
+            model = ViTForImageClassification(ViTConfig.from_pretrained(source, **labels))
         else:
-            model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
+            model = ViTForImageClassification.from_pretrained(source, ignore_mismatched_sizes=True, **labels)
         size = model.config.image_size
         height, width = (size, size) if isinstance(size, int) else size
         if height != width:
@@ -757,7 +759,7 @@ def load_model(
     else:
         model_class = MULTIMAE_HEADS[task]
         config = MultiMAEConfig.from_pretrained(
-            path, semantic_loss_ignore_index=ignore_index, **model_args.config_overrides(), **labels
+            source, semantic_loss_ignore_index=ignore_index, **model_args.config_overrides(), **labels
         )
         known = config.task_names
         unknown = [name for name in model_args.input_modalities if name not in known]
@@ -767,8 +769,10 @@ def load_model(
         if run_args.random_init:
             model = model_class(config)
         else:
-            model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
+            model = model_class.from_pretrained(source, config=config, ignore_mismatched_sizes=True)
         image_size, head_modules = (config.image_height, config.image_width), model.head_modules()
+    if run_args.random_init:
+        model.name_or_path = ""  # no checkpoint holds these weights: a LoRA adapter must not name one as its base
     if lora_args.use_lora:
         model = get_peft_model(
             model,
@@ -1019,6 +1023,8 @@ def run_finetune(
             trainer.save_model()
             if trainer.is_world_process_zero():
                 processor.save_pretrained(output_dir)
+                if lora_args.use_lora and model.config.model_type == MultiMAEConfig.model_type:
+                    model.config.save_pretrained(output_dir)  # beside the adapter: the one-line load needs the head
         log_train_results(trainer, train_result, len(data.train))
 
     eval_metrics: dict[str, float] = {}

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,6 +52,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_multimae import DEPTH_TRIM, DEPTH_VARIANCE_EPS, ModalitySpec, MultiMAEConfig
 from .heads import ConvNeXtSegmentationHead
+from .lora import is_lora_output, load_lora_output
 from .losses import depth_loss
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -640,6 +643,17 @@ class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
     """
 
     main_input_name = "pixel_values"
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any
+    ) -> MultiMAEFineTuningModel:
+        """``PreTrainedModel.from_pretrained``; a LoRA output folder of ``robust-pretrain-finetune-dense`` (adapters,
+        head and ``config.json``, no model weights) loads as the base checkpoint its ``adapter_config.json`` names
+        with the adapters and the head merged in (:mod:`robust_pretrain.vision.lora`)."""
+        if is_lora_output(pretrained_model_name_or_path):
+            return load_lora_output(super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def _encode_finetune_inputs(
         self, pixel_values: torch.Tensor | None, modality_inputs: dict[str, torch.Tensor | None], hidden_states: bool
