@@ -771,8 +771,6 @@ def load_model(
         else:
             model = model_class.from_pretrained(source, config=config, ignore_mismatched_sizes=True)
         image_size, head_modules = (config.image_height, config.image_width), model.head_modules()
-    if run_args.random_init:
-        model.name_or_path = ""  # no checkpoint holds these weights: a LoRA adapter must not name one as its base
     if lora_args.use_lora:
         model = get_peft_model(
             model,
