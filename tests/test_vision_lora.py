@@ -42,6 +42,7 @@ def documented_snippet() -> str:
     return loading[0]
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_the_documented_line_loads_a_moved_lora_output_from_another_directory(
     checkpoint: Path,  # noqa: F811
     tmp_path: Path,
