@@ -6,14 +6,16 @@ fixed 2D sine-cosine position embedding, follow ``num_global_tokens`` learned gl
 encoder (transformers' ``ViTLayer``). With one global token and RGB input it computes exactly what a ``ViTModel``
 computes, which is what :mod:`robust_pretrain.vision.export` relies on.
 
-Pre-training (:class:`MultiMAEForPreTraining`): one decoder per modality (= task). A decoder sees the encoded tokens
-of all modalities (projected to its width, with position and source-modality embeddings) followed by one query
-token per patch of its modality, runs a few ViT layers over that sequence and predicts every patch of its modality;
+Pre-training (:class:`MultiMAEForPreTraining`): one decoder per modality (= task). A decoder reads the encoded tokens
+of all modalities (projected to its width, with position and source-modality embeddings) with one query token per
+patch of its modality (cross-attention, or ViT layers over both for the ``"joint"`` decoder; ``DECODER_VARIANTS``
+switches between this project's cross-attention decoder and MultiMAE's) and predicts every patch of its modality;
 only the hidden patches are scored.
 
 Fine-tuning (:class:`MultiMAEForImageClassification`, :class:`MultiMAEForSemanticSegmentation`,
 :class:`MultiMAEForDepthEstimation`): every patch of ``config.finetune_modalities`` (RGB by default) is encoded; a
-linear classifier reads the global token, the dense heads are transformers' DPT neck and heads.
+linear classifier reads the global token, the dense heads are transformers' DPT neck and heads (segmentation
+optionally MultiMAE's ConvNeXt head, depth optionally MultiMAE's berHu loss).
 """
 
 from __future__ import annotations
@@ -739,7 +741,8 @@ def _dpt_config(config: MultiMAEConfig) -> DPTConfig:
 
 
 class MultiMAEDenseModel(MultiMAEFineTuningModel):
-    """A DPT reassemble-and-fuse neck (transformers' ``DPTNeck``) over four encoder layers (``head_layer_indices``).
+    """A DPT reassemble-and-fuse neck (transformers' ``DPTNeck``) over four encoder layers (``head_layer_indices``);
+    ``neck=False`` leaves it out for a head that reads the encoder itself (the ConvNeXt segmentation head).
 
     DPT rather than a progressive-upsampling head: MultiMAE fine-tunes its dense tasks with DPT, the neck combines
     shallow (fine) and deep (semantic) layers, and transformers already ships it, so nothing is re-implemented. At
