@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from test_recipe_multimae import FOLDER, argv, write_folder
 from test_recipe_pretrain import single_thread
 from tiny_vision import IMAGE, NUM_CLASSES, PATCH, random_batch, tiny_config
 
 from robust_pretrain.pretraining import multimae as recipe
 from robust_pretrain.vision.configuration_multimae import ModalitySpec
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, prepare_depth
 
 
 @pytest.fixture(autouse=True)
@@ -39,10 +41,20 @@ def hidden_pixels(mask: torch.Tensor) -> np.ndarray:
     return grid.repeat(PATCH, 1).repeat(PATCH, 2)
 
 
-def test_standardised_depth_loss_matches_a_hand_computation() -> None:
-    """Per image: valid = positive and <= max_depth; the target is (depth - mean) / std over the valid pixels
-    (population std); the loss is L1 against it over the hidden valid pixels; predictions come back in metres."""
-    model = depth_model("standardize", max_depth=3.5)
+def statistics(values: np.ndarray, normalization: str) -> tuple[float, float]:
+    """Mean and scale of an image's valid depth values: all of them and the population std (``standardize``), or
+    MultiMAE's: the sorted values of ranks floor(0.1 n) .. floor(0.9 n) - 1, unbiased variance + 1e-6."""
+    if normalization == "standardize":
+        return values.mean(), values.std()
+    kept = np.sort(values)[int(0.1 * len(values)) : int(0.9 * len(values))]
+    return kept.mean(), np.sqrt(kept.var(ddof=1) + 1e-6)
+
+
+@pytest.mark.parametrize("normalization", ["standardize", "standardize_trimmed"])
+def test_standardised_depth_loss_matches_a_hand_computation(normalization: str) -> None:
+    """Per image: valid = positive and <= max_depth; the target is (depth - mean) / std over the valid pixels; the
+    loss is L1 against it over the hidden valid pixels; predictions come back in metres."""
+    model = depth_model(normalization, max_depth=3.5)
     batch = random_batch(batch=3, seed=4)
     with torch.no_grad():
         out = model(**batch)
@@ -50,7 +62,7 @@ def test_standardised_depth_loss_matches_a_hand_computation() -> None:
     errors, count = [], 0
     for image, prediction, hidden in zip(depth, predicted, hidden_pixels(batch["mask_depth"]), strict=True):
         valid = (image > 0) & (image <= 3.5)
-        mean, std = image[valid].mean(), image[valid].std()
+        mean, std = statistics(image[valid], normalization)
         scored = valid & hidden
         errors.append(np.abs((prediction[scored] - mean) / std - (image[scored] - mean) / std))
         count += int(scored.sum())
@@ -73,7 +85,62 @@ def test_the_cap_removes_far_pixels_from_input_and_loss() -> None:
         assert out.task_counts[name] == reference.task_counts[name]
 
 
-@pytest.mark.parametrize("normalization", ["standardize", "none"])
+def nyu_frame(seed: int) -> np.ndarray:
+    """A 480 x 640 uint16 depth map in millimetres as NYUv2 / Kinect store them: two walls and a floor at 1.2-4.5 m,
+    about 8 % holes (0 = no measurement), a window seen through at 8-9.5 m (valid under the 10 m cap), a few 12 m
+    pixels and Kinect's 65535 (beyond the cap: invalid)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = np.mgrid[0:480, 0:640]
+    depth = np.where(rows > 300, 1200 + 6 * (480 - rows), 3000 + 2.3 * np.abs(cols - 320)) + rng.normal(
+        0, 15, rows.shape
+    )
+    depth[40:140, 400:560] = rng.uniform(8000, 9500, (100, 160))
+    depth[rng.random(rows.shape) < 0.08] = 0
+    depth[rng.random(rows.shape) < 0.002] = 12000
+    depth[0:3, 0:50] = 65535
+    return np.clip(np.round(depth), 0, 65535).astype(np.uint16)
+
+
+def test_trimmed_standardisation_of_nyu_format_depth_maps(tmp_path: Path) -> None:
+    """16-bit millimetre PNGs, read as the recipes read them (metres, zeros invalid), capped at 10 m: the model's
+    input values are MultiMAE's robust standardisation computed by hand; the trimming matters on such frames (the
+    window inflates the plain std)."""
+    processor = MultiMAEImageProcessor()
+    frames = []
+    for seed in (0, 1):
+        path = tmp_path / f"{seed}.png"
+        Image.fromarray(nyu_frame(seed)).save(path)
+        with Image.open(path) as image:
+            assert image.mode in ("I;16", "I")
+            frames.append(processor.decode_example({"depth": image})["depth"])
+    depth = torch.tensor(np.stack(frames)[:, None], dtype=torch.float32)
+    spec = ModalitySpec("depth", "depth", depth_normalization="standardize_trimmed", max_depth=10.0)
+    values, valid, mean, std = prepare_depth(spec, depth)
+    for image in range(2):
+        metres = np.stack(frames)[image].astype(np.float32).astype(np.float64)
+        measured = (metres > 0) & (metres <= 10.0)
+        assert not measured.all() and len(metres[measured]) % 10  # holes and far pixels; rank bounds not on a tie
+        expected_mean, expected_std = statistics(metres[measured], "standardize_trimmed")
+        assert float(mean[image]) == pytest.approx(expected_mean, rel=1e-6)
+        assert float(std[image]) == pytest.approx(expected_std, rel=1e-5)
+        expected = np.where(measured, (metres - expected_mean) / expected_std, 0.0)
+        np.testing.assert_allclose(values[image, 0].numpy(), expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(valid[image, 0].numpy(), measured)
+        assert metres[measured].std() > 1.2 * expected_std
+
+
+def test_trimmed_statistics_of_nearly_empty_images_are_finite() -> None:
+    """One valid pixel: mean = that value, variance 0; none: mean 0 (the values are all 0, nothing is scored)."""
+    depth = torch.zeros(2, 1, 4, 4)
+    depth[0, 0, 1, 2] = 3.0
+    values, valid, mean, std = prepare_depth(
+        ModalitySpec("d", "depth", depth_normalization="standardize_trimmed"), depth
+    )
+    assert mean.flatten().tolist() == [3.0, 0.0] and std.flatten().tolist() == pytest.approx([1e-3, 1e-3])
+    assert torch.isfinite(values).all() and not values.any() and int(valid.sum()) == 1
+
+
+@pytest.mark.parametrize("normalization", ["standardize", "standardize_trimmed", "none"])
 def test_only_standardised_depth_is_unit_free(normalization: str) -> None:
     """The same frames in metres and in centimetres (cap scaled with them): standardised, every task loss is the
     same; raw, the depth loss grows 100-fold."""
@@ -85,7 +152,7 @@ def test_only_standardised_depth_is_unit_free(normalization: str) -> None:
         centimetres = in_centimetres(**{**batch, "depth": batch["depth"] * 100})
     assert centimetres.task_counts == metres.task_counts
     ratio = float(centimetres.task_losses["depth"] / metres.task_losses["depth"])
-    if normalization == "standardize":
+    if normalization != "none":
         for name in ("rgb", "depth", "semseg"):
             assert float(centimetres.task_losses[name]) == pytest.approx(float(metres.task_losses[name]), rel=1e-5)
         torch.testing.assert_close(centimetres.predictions["depth"], metres.predictions["depth"] * 100)

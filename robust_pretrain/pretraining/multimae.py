@@ -52,7 +52,12 @@ from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multima
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.configuration_multimae import DEPTH_NORMALIZATIONS, ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.configuration_multimae import (
+    DECODER_VARIANTS,
+    DEPTH_NORMALIZATIONS,
+    ModalitySpec,
+    MultiMAEConfig,
+)
 from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor, MultiMAETransform
 from robust_pretrain.vision.loaders import (
     REDUCE_LABELS_HELP,
@@ -98,9 +103,11 @@ class ModelArguments:
     )
     semseg_ignore_index: int = option(255, "Class id of unlabelled semseg pixels.", minimum=0)
     depth_normalization: str = option(
-        "standardize",
-        "From scratch: depth input and loss on each image's depth standardised over its valid pixels ('standardize', "
-        "MultiMAE's standardize_depth: the task weights do not depend on the depth unit) or on raw metres ('none').",
+        "standardize_trimmed",
+        "From scratch: depth input and loss on each image's depth standardised over its valid pixels as MultiMAE "
+        "does, the top and bottom tenth of the values left out of the statistics ('standardize_trimmed', the "
+        "default: robust to a sensor's far and stray pixels), with all of them ('standardize'), or on raw metres "
+        "('none'). Standardised, the task weights do not depend on the depth unit.",
         choices=list(DEPTH_NORMALIZATIONS),
     )
     max_depth: float = option(
@@ -108,6 +115,13 @@ class ModelArguments:
         "From scratch: depth pixels farther than this many metres are invalid (no input, no loss), the NYUv2 "
         "metric's cap; Kinect frames carry 65.535 m 'valid' pixels.",
         above=0,
+    )
+    decoder_variant: str = option(
+        "project",
+        "From scratch: the cross-attention decoders' variant, 'project' (mask-token queries, a residual around the "
+        "cross-attention, a final norm, reading the encoder's final norm) or 'multimae' (MultiMAE's: a visible "
+        "patch's query is its own encoded token, none of the three others); see MultiMAEConfig.",
+        choices=list(DECODER_VARIANTS),
     )
     image_size: int = option(
         224, "From scratch: side of the square training images (a checkpoint keeps its own).", minimum=1
@@ -405,6 +419,7 @@ def load_model(model_args: ModelArguments, num_classes: int | None):
             decoder_num_hidden_layers=dec_layers,
             decoder_num_attention_heads=dec_heads,
             decoder_intermediate_size=dec_intermediate,
+            **DECODER_VARIANTS[model_args.decoder_variant],
         )
         if model_args.config_overrides:
             config.update_from_string(model_args.config_overrides)

@@ -106,7 +106,7 @@ def _loss_description(spec: Any) -> str:
         return f"cross-entropy (ignore index {spec.ignore_index})"
     if spec.kind != "depth":
         return LOSS_DESCRIPTIONS[spec.loss]
-    unit = "per-image standardised depth" if spec.depth_normalization == "standardize" else "metres"
+    unit = "metres" if spec.depth_normalization == "none" else "per-image standardised depth"
     cap = "" if spec.max_depth is None else f", cap {spec.max_depth:g} m"
     return f"{LOSS_DESCRIPTIONS[spec.loss]} ({unit}{cap})"
 
@@ -288,9 +288,10 @@ def dense_card_content(
             "recomputes the table from it); input / prediction / target of a few images: `predictions.png`.",
             *(
                 (
-                    "This folder holds the LoRA adapters and the trained head (`PeftModel.from_pretrained`); "
-                    "`merged/` the model with the adapters merged in, which `AutoModelFor*.from_pretrained` and "
-                    "the pipelines load like any checkpoint.",
+                    "This folder holds the LoRA adapters, the trained head and the model's config: "
+                    "`AutoModelFor*.from_pretrained(<this folder>)` loads the base checkpoint named in "
+                    "`adapter_config.json` with them merged in; `merged/` holds that merged model as plain weights, "
+                    "which the pipelines load like any checkpoint.",
                 )
                 if lora_args.use_lora
                 else ()

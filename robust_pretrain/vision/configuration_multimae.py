@@ -15,8 +15,28 @@ from transformers import AutoConfig, PretrainedConfig
 
 MODALITY_KINDS = ("rgb", "depth", "semseg")
 MODALITY_LOSSES = ("mse", "l1", "cross_entropy")
-DEPTH_NORMALIZATIONS = ("none", "standardize")
+DEPTH_NORMALIZATIONS = ("none", "standardize", "standardize_trimmed")
+DEPTH_TRIM = 0.1  # standardize_trimmed: the share of an image's valid depth values left out at each end (MultiMAE's)
+DEPTH_VARIANCE_EPS = 1e-6  # standardize_trimmed: added to the variance (MultiMAE's), in the depth unit squared
 DECODER_TYPES = ("cross_attention", "joint")
+SEMSEG_HEADS = ("dpt", "convnext")
+DEPTH_LOSSES = ("l1", "berhu")
+# The cross-attention decoder's four switches: this project's variant (the config defaults, what checkpoints without
+# the keys were trained with) and MultiMAE's (its SpatialOutputAdapter with decoder_use_task_queries).
+DECODER_VARIANTS = {
+    "project": dict(
+        decoder_use_task_queries=False,
+        decoder_cross_attention_residual=True,
+        decoder_final_norm=True,
+        decoder_reads_encoder_norm=True,
+    ),
+    "multimae": dict(
+        decoder_use_task_queries=True,
+        decoder_cross_attention_residual=False,
+        decoder_final_norm=False,
+        decoder_reads_encoder_norm=False,
+    ),
+}
 _KIND_DEFAULTS = {"rgb": (3, "mse"), "depth": (1, "l1"), "semseg": (1, "cross_entropy")}
 
 
@@ -32,7 +52,10 @@ class ModalitySpec:
     the NYUv2 metric's cap (Kinect frames carry 65.535 m "valid" pixels); ``None`` keeps every positive pixel.
     ``depth_normalization="standardize"`` (MultiMAE's ``standardize_depth``) feeds and reconstructs each image's
     depth standardised by the mean and standard deviation of its valid pixels (invalid pixels become 0, the mean), so
-    the depth loss and everything the encoder sees do not depend on the depth unit; ``"none"`` uses the raw values.
+    the depth loss and everything the encoder sees do not depend on the depth unit; ``"standardize_trimmed"`` is
+    MultiMAE's exact robust variant: the mean and the (unbiased) variance come from the valid values of ranks
+    ``floor(0.1 n)`` to ``floor(0.9 n) - 1`` of the ``n`` sorted ones (the top and bottom 10 % trimmed) and the
+    values are ``(depth - mean) / sqrt(variance + 1e-6)``; ``"none"`` uses the raw values.
     """
 
     name: str
@@ -104,9 +127,19 @@ class MultiMAEConfig(PretrainedConfig):
     Decoders (pre-training, one per modality): ``decoder_*`` sizes; ``decoder_type`` ``"cross_attention"``
     (MultiMAE's: the queries cross-attend to the encoded tokens, then ``decoder_num_hidden_layers`` self-attention
     layers over the queries) or ``"joint"`` (self-attention layers over the encoded tokens and the queries together;
-    what a saved config without the key was trained with). Fine-tuning heads: ``finetune_modalities`` are the
-    inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense heads are DPT reassemble-and-fuse
-    heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes`` / ``fusion_hidden_size`` channels.
+    what a saved config without the key was trained with). Four switches of the cross-attention decoder (defaults:
+    this project's variant; :data:`DECODER_VARIANTS` ``"multimae"`` sets all four to reproduce MultiMAE's decoder):
+    ``decoder_use_task_queries`` (a visible patch's query is its own encoded token, as the context sees it, in place
+    of the mask token: MultiMAE's ``decoder_use_task_queries``), ``decoder_cross_attention_residual`` (add the
+    queries back after the cross-attention; MultiMAE does not), ``decoder_final_norm`` (a LayerNorm before the
+    prediction; MultiMAE has none) and ``decoder_reads_encoder_norm`` (the decoders read the encoder's final
+    LayerNorm; MultiMAE's read its last layer's output, it has no final norm). Fine-tuning heads:
+    ``finetune_modalities`` are the inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense
+    heads are DPT reassemble-and-fuse heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes``
+    / ``fusion_hidden_size`` channels; ``semseg_head="convnext"`` gives semantic segmentation MultiMAE's ConvNeXt
+    head instead (:class:`~robust_pretrain.vision.heads.ConvNeXtSegmentationHead` over the encoder's last layer,
+    ``convnext_head_dim`` / ``convnext_preds_per_patch`` / ``convnext_num_blocks``: MultiMAE's 6144 / 16 / 4), and
+    ``depth_loss="berhu"`` depth estimation MultiMAE's berHu loss instead of L1 (:mod:`robust_pretrain.vision.losses`).
 
     Args:
         modalities: list of :class:`ModalitySpec` (or their dicts); default rgb, depth, semseg (40 classes).
@@ -140,11 +173,20 @@ class MultiMAEConfig(PretrainedConfig):
     decoder_num_attention_heads: int = 8
     decoder_intermediate_size: int = 1024
     decoder_type: str = "cross_attention"
+    decoder_use_task_queries: bool = False
+    decoder_cross_attention_residual: bool = True
+    decoder_final_norm: bool = True
+    decoder_reads_encoder_norm: bool = True
     finetune_modalities: list[str] | None = None
     head_layer_indices: list[int] | None = None
     neck_hidden_sizes: list[int] | None = None
     fusion_hidden_size: int = 256
     semantic_loss_ignore_index: int = 255
+    semseg_head: str = "dpt"
+    convnext_head_dim: int = 6144
+    convnext_preds_per_patch: int = 16
+    convnext_num_blocks: int = 4
+    depth_loss: str = "l1"
     semantic_classifier_dropout: float | int = 0.1
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -160,6 +202,19 @@ class MultiMAEConfig(PretrainedConfig):
             raise ValueError(f"finetune_modalities: {self.finetune_modalities} must be a non-empty subset of {names}")
         if self.decoder_type not in DECODER_TYPES:
             raise ValueError(f"decoder_type {self.decoder_type!r} is not one of {DECODER_TYPES}")
+        changed = [key for key, value in DECODER_VARIANTS["project"].items() if getattr(self, key) != value]
+        if changed and self.decoder_type != "cross_attention":
+            raise ValueError(f"{changed} apply to decoder_type 'cross_attention', not {self.decoder_type!r}")
+        if self.semseg_head not in SEMSEG_HEADS:
+            raise ValueError(f"semseg_head {self.semseg_head!r} is not one of {SEMSEG_HEADS}")
+        if self.depth_loss not in DEPTH_LOSSES:
+            raise ValueError(f"depth_loss {self.depth_loss!r} is not one of {DEPTH_LOSSES}")
+        side = round(self.convnext_preds_per_patch**0.5)
+        if side < 1 or side * side != self.convnext_preds_per_patch or self.convnext_head_dim % side**2:
+            raise ValueError(
+                f"convnext_preds_per_patch {self.convnext_preds_per_patch} must be a square number that divides "
+                f"convnext_head_dim {self.convnext_head_dim}"
+            )
         if self.hidden_size % 4 or self.decoder_hidden_size % 4:
             raise ValueError("hidden_size and decoder_hidden_size must be multiples of 4 (2D sine-cosine embeddings)")
         height, width = self.image_grid_size()

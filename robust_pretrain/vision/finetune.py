@@ -71,7 +71,7 @@ from robust_pretrain.reporting.recipe_cards import dense_card_content
 from robust_pretrain.seeding import SetEpochCallback
 from robust_pretrain.trainer import register_process_group_teardown
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.configuration_multimae import DEPTH_LOSSES, SEMSEG_HEADS, MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 from robust_pretrain.vision.loaders import REDUCE_LABELS_HELP, UNMATCHED_HELP, UNMATCHED_MODES
 from robust_pretrain.vision.metrics import load_vision_metric
@@ -85,12 +85,11 @@ logger = logging.getLogger(__name__)
 
 TASKS = ("semseg", "depth", "classification")
 PRIMARY_METRICS = {"semseg": "mean_iou", "depth": "delta1", "classification": "top1_accuracy"}
-# Model class and the modules LoRA trains fully and saves: the DPT neck and head (named by its only child, so peft's
-# suffix match cannot also catch that child as a second module to save).
+# Model class per task; LoRA trains and saves its head_modules() fully.
 MULTIMAE_HEADS = {
-    "semseg": (MultiMAEForSemanticSegmentation, ["neck", "head.head"]),
-    "depth": (MultiMAEForDepthEstimation, ["neck", "head.head"]),
-    "classification": (MultiMAEForImageClassification, ["classifier"]),
+    "semseg": MultiMAEForSemanticSegmentation,
+    "depth": MultiMAEForDepthEstimation,
+    "classification": MultiMAEForImageClassification,
 }
 PREDICTIONS_PLOT = "predictions.png"
 MERGED_DIR = "merged"
@@ -144,6 +143,25 @@ class DenseModelArguments:
     fusion_hidden_size: int | None = field(
         default=None, metadata={"help": "Dense heads (MM-MAE): DPT fusion width (default: the checkpoint config's)."}
     )
+    semseg_head: str | None = field(
+        default=None,
+        metadata={
+            "help": "Segmentation head (MM-MAE): 'dpt' or MultiMAE's 'convnext' (default: the checkpoint config's, "
+            "dpt unless set).",
+            "choices": list(SEMSEG_HEADS),
+        },
+    )
+    convnext_head_dim: int | None = field(
+        default=None,
+        metadata={"help": "ConvNeXt head: width of a patch's projection (default: the checkpoint config's, 6144)."},
+    )
+    depth_loss: str | None = field(
+        default=None,
+        metadata={
+            "help": "Depth loss (MM-MAE): 'l1' or MultiMAE's 'berhu' (default: the checkpoint config's, l1 if unset).",
+            "choices": list(DEPTH_LOSSES),
+        },
+    )
 
     def __post_init__(self) -> None:
         if "rgb" not in self.input_modalities or not set(self.input_modalities) <= {"rgb", "depth"}:
@@ -152,10 +170,21 @@ class DenseModelArguments:
             raise UsageError(f"--neck_hidden_sizes {self.neck_hidden_sizes}: four positive widths")
         if self.fusion_hidden_size is not None and self.fusion_hidden_size < 1:
             raise UsageError(f"--fusion_hidden_size must be a positive integer, got {self.fusion_hidden_size}")
+        if self.convnext_head_dim is not None and self.convnext_head_dim < 1:
+            raise UsageError(f"--convnext_head_dim must be a positive integer, got {self.convnext_head_dim}")
 
     def check_task(self, task: str) -> None:
         if task == "depth" and "depth" in self.input_modalities:
             raise UsageError("--input_modalities: the depth task cannot read its own target (depth) as input")
+        if task != "semseg" and (self.semseg_head is not None or self.convnext_head_dim is not None):
+            raise UsageError(f"--semseg_head and --convnext_head_dim apply to --task semseg, not {task}")
+        if task != "depth" and self.depth_loss is not None:
+            raise UsageError(f"--depth_loss applies to --task depth, not {task}")
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The head settings given, as MM-MAE config values."""
+        names = ("neck_hidden_sizes", "fusion_hidden_size", "semseg_head", "convnext_head_dim", "depth_loss")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
 @dataclass
@@ -704,6 +733,8 @@ def load_model(
     at."""
     path, task = run_args.model_name_or_path, run_args.task
     model_type = checkpoint_model_type(path, task)
+    # A local checkpoint loads by its absolute path, which a LoRA adapter records as its base (resolves from anywhere)
+    source = str(Path(path).resolve()) if Path(path).is_dir() else path
     labels = (
         {}
         if label_names is None
@@ -717,20 +748,19 @@ def load_model(
         if model_args.input_modalities != ["rgb"]:
             raise UsageError(f"--input_modalities {model_args.input_modalities}: a ViT checkpoint reads rgb only")
         if run_args.random_init:
-            model = ViTForImageClassification(ViTConfig.from_pretrained(path, **labels))
+            model = ViTForImageClassification(ViTConfig.from_pretrained(source, **labels))
         else:
-            model = ViTForImageClassification.from_pretrained(path, ignore_mismatched_sizes=True, **labels)
+            model = ViTForImageClassification.from_pretrained(source, ignore_mismatched_sizes=True, **labels)
         size = model.config.image_size
         height, width = (size, size) if isinstance(size, int) else size
         if height != width:
             raise UsageError(f"{path}: image_size {size} is not square")
         image_size, head_modules = (height, width), ["classifier"]
     else:
-        model_class, head_modules = MULTIMAE_HEADS[task]
-        head_sizes = {name: value for name, value in (("neck_hidden_sizes", model_args.neck_hidden_sizes),
-                                                      ("fusion_hidden_size", model_args.fusion_hidden_size))
-                      if value is not None}  # fmt: skip
-        config = MultiMAEConfig.from_pretrained(path, semantic_loss_ignore_index=ignore_index, **head_sizes, **labels)
+        model_class = MULTIMAE_HEADS[task]
+        config = MultiMAEConfig.from_pretrained(
+            source, semantic_loss_ignore_index=ignore_index, **model_args.config_overrides(), **labels
+        )
         known = config.task_names
         unknown = [name for name in model_args.input_modalities if name not in known]
         if unknown:
@@ -739,8 +769,8 @@ def load_model(
         if run_args.random_init:
             model = model_class(config)
         else:
-            model = model_class.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
-        image_size = (config.image_height, config.image_width)
+            model = model_class.from_pretrained(source, config=config, ignore_mismatched_sizes=True)
+        image_size, head_modules = (config.image_height, config.image_width), model.head_modules()
     if lora_args.use_lora:
         model = get_peft_model(
             model,
@@ -991,6 +1021,8 @@ def run_finetune(
             trainer.save_model()
             if trainer.is_world_process_zero():
                 processor.save_pretrained(output_dir)
+                if lora_args.use_lora and model.config.model_type == MultiMAEConfig.model_type:
+                    model.config.save_pretrained(output_dir)  # beside the adapter: the one-line load needs the head
         log_train_results(trainer, train_result, len(data.train))
 
     eval_metrics: dict[str, float] = {}

@@ -6,21 +6,25 @@ fixed 2D sine-cosine position embedding, follow ``num_global_tokens`` learned gl
 encoder (transformers' ``ViTLayer``). With one global token and RGB input it computes exactly what a ``ViTModel``
 computes, which is what :mod:`robust_pretrain.vision.export` relies on.
 
-Pre-training (:class:`MultiMAEForPreTraining`): one decoder per modality (= task). A decoder sees the encoded tokens
-of all modalities (projected to its width, with position and source-modality embeddings) followed by one query
-token per patch of its modality, runs a few ViT layers over that sequence and predicts every patch of its modality;
+Pre-training (:class:`MultiMAEForPreTraining`): one decoder per modality (= task). A decoder reads the encoded tokens
+of all modalities (projected to its width, with position and source-modality embeddings) with one query token per
+patch of its modality (cross-attention, or ViT layers over both for the ``"joint"`` decoder; ``DECODER_VARIANTS``
+switches between this project's cross-attention decoder and MultiMAE's) and predicts every patch of its modality;
 only the hidden patches are scored.
 
 Fine-tuning (:class:`MultiMAEForImageClassification`, :class:`MultiMAEForSemanticSegmentation`,
 :class:`MultiMAEForDepthEstimation`): every patch of ``config.finetune_modalities`` (RGB by default) is encoded; a
-linear classifier reads the global token, the dense heads are transformers' DPT neck and heads.
+linear classifier reads the global token, the dense heads are transformers' DPT neck and heads (segmentation
+optionally MultiMAE's ConvNeXt head, depth optionally MultiMAE's berHu loss).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,7 +52,10 @@ from transformers.models.vit.modeling_vit import ViTLayer
 from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
 from transformers.utils import ModelOutput
 
-from .configuration_multimae import ModalitySpec, MultiMAEConfig
+from .configuration_multimae import DEPTH_TRIM, DEPTH_VARIANCE_EPS, ModalitySpec, MultiMAEConfig
+from .heads import ConvNeXtSegmentationHead
+from .lora import is_lora_output, load_lora_output
+from .losses import depth_loss
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
@@ -84,8 +91,9 @@ def unpatchify(patches: torch.Tensor, patch_size: int, grid_height: int, grid_wi
 def prepare_depth(spec: ModalitySpec, depth: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A depth modality's values as the model sees and reconstructs them, for ``depth`` (B, C, H, W): the values
     (invalid pixels 0), the valid-pixel mask (positive, finite, at most ``spec.max_depth``) and each image's mean and
-    standard deviation (B, 1, 1, 1) of its valid pixels (0 and 1 unless ``spec.depth_normalization`` is
-    ``"standardize"``; a constant image keeps 1) that map the values back to depth units: ``values * std + mean``."""
+    standard deviation (B, 1, 1, 1) that map the values back to depth units, ``values * std + mean``: 0 and 1 for
+    ``spec.depth_normalization`` ``"none"``; for ``"standardize"`` those of the valid pixels (a constant image keeps
+    1); for ``"standardize_trimmed"`` :func:`trimmed_depth_statistics`."""
     valid = (depth > 0) & torch.isfinite(depth)
     if spec.max_depth is not None:
         valid = valid & (depth <= spec.max_depth)
@@ -97,8 +105,44 @@ def prepare_depth(spec: ModalitySpec, depth: torch.Tensor) -> tuple[torch.Tensor
         mean = values.sum(dim=(1, 2, 3), keepdim=True) / count
         variance = torch.where(valid, (values - mean) ** 2, zero).sum(dim=(1, 2, 3), keepdim=True) / count
         std = torch.where(variance > 0, variance.sqrt(), torch.ones_like(variance))
+    elif spec.depth_normalization == "standardize_trimmed":
+        mean, std = trimmed_depth_statistics(values, valid)
+    if spec.depth_normalization != "none":
         values = torch.where(valid, (values - mean) / std, zero)
     return values, valid, mean, std
+
+
+def trimmed_depth_statistics(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MultiMAE's robust depth statistics per image of ``values`` (B, C, H, W) over its ``valid`` pixels: the mean
+    and ``sqrt(variance + DEPTH_VARIANCE_EPS)`` (unbiased variance) of the sorted valid values of ranks
+    ``floor(DEPTH_TRIM * n)`` to ``floor((1 - DEPTH_TRIM) * n) - 1``, each (B, 1, 1, 1). Where that leaves no value
+    (n < 2) every valid value counts (mean 0 without any); a single value has variance 0."""
+    flat_valid = valid.flatten(1)
+    count = flat_valid.sum(dim=1, keepdim=True)
+    infinity = torch.tensor(float("inf"), dtype=values.dtype, device=values.device)
+    ordered = torch.sort(torch.where(flat_valid, values.flatten(1), infinity), dim=1).values
+    ordered = torch.where(torch.isfinite(ordered), ordered, torch.zeros_like(ordered))
+    rank = torch.arange(ordered.shape[1], device=values.device)[None]
+    low, high = (count * DEPTH_TRIM).long(), (count * (1 - DEPTH_TRIM)).long()
+    kept = (rank >= low) & (rank < high)
+    kept = torch.where(high > low, kept, rank < count)
+    kept_count = kept.sum(dim=1, keepdim=True)
+    mean = (ordered * kept).sum(dim=1, keepdim=True) / kept_count.clamp_min(1)
+    variance = (((ordered - mean) * kept) ** 2).sum(dim=1, keepdim=True) / (kept_count - 1).clamp_min(1)
+    shape = (-1, 1, 1, 1)
+    return mean.view(shape), (variance + DEPTH_VARIANCE_EPS).sqrt().view(shape)
+
+
+def _place_own_tokens(
+    queries: torch.Tensor, context: torch.Tensor, context_patches: torch.Tensor, own: torch.Tensor
+) -> torch.Tensor:
+    """``queries`` (B, N, D) with the query of every patch that has an ``own`` context token (``context`` (B, S, D)
+    at patch ``context_patches`` (B, S)) replaced by that token."""
+    patches = torch.arange(queries.shape[1], device=queries.device)
+    match = own[:, None, :] & (context_patches[:, None, :] == patches[None, :, None])  # (B, N, S)
+    source = match.to(torch.uint8).argmax(dim=-1)  # (B, N) the matching context token, if any
+    tokens = torch.gather(context, 1, source[..., None].expand(-1, -1, context.shape[-1]))
+    return torch.where(match.any(dim=-1)[..., None], tokens, queries)
 
 
 def _check_class_ids(ids: torch.Tensor, num_classes: int, ignore_index: int, what: str) -> None:
@@ -193,8 +237,9 @@ class MultiMAEEmbeddings(nn.Module):
 
 
 class MultiMAECrossAttention(nn.Module):
-    """MultiMAE's decoder cross-attention block: the queries attend to the context (pre-norm on both, multi-head,
-    residual), then a pre-norm MLP (residual). Sizes, activation and dropouts from the decoder's config."""
+    """The decoder's cross-attention block: the queries attend to the context (pre-norm on both, multi-head; plus the
+    queries when ``decoder_cross_attention_residual``, which MultiMAE's block does not add), then a pre-norm MLP
+    (residual). Sizes, activation and dropouts from the decoder's config."""
 
     def __init__(self, config: MultiMAEConfig) -> None:
         super().__init__()
@@ -214,6 +259,7 @@ class MultiMAECrossAttention(nn.Module):
             nn.Linear(config.intermediate_size, width),
         )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.residual = config.decoder_cross_attention_residual
 
     def _heads(self, values: torch.Tensor) -> torch.Tensor:
         batch, length, width = values.shape
@@ -229,14 +275,19 @@ class MultiMAECrossAttention(nn.Module):
             attn_mask=None if context_mask is None else context_mask.bool()[:, None, None, :],
             dropout_p=self.attention_dropout if self.training else 0.0,
         )
-        hidden = queries + self.dropout(self.output(attended.transpose(1, 2).flatten(2)))
+        hidden = self.dropout(self.output(attended.transpose(1, 2).flatten(2)))
+        if self.residual:
+            hidden = queries + hidden
         return hidden + self.dropout(self.mlp(self.mlp_norm(hidden)))
 
 
 class MultiMAEDecoder(nn.Module):
     """The decoder of one modality: one query per patch, predicting every patch's values from the encoded context
     tokens. ``decoder_type="cross_attention"`` (MultiMAE): a cross-attention block from the queries to the context,
-    then ViT layers over the queries; ``"joint"``: ViT layers over the context and the queries together."""
+    then ViT layers over the queries; ``"joint"``: ViT layers over the context and the queries together. A query is
+    the mask token plus position and modality embeddings, or with ``decoder_use_task_queries`` for a visible patch of
+    the decoder's own modality that patch's context token; a LayerNorm precedes the prediction if
+    ``decoder_final_norm``."""
 
     def __init__(self, config: MultiMAEConfig, spec: ModalitySpec) -> None:
         super().__init__()
@@ -251,7 +302,8 @@ class MultiMAEDecoder(nn.Module):
         if config.decoder_type == "cross_attention":
             self.cross_attention = MultiMAECrossAttention(decoder_config)
         self.layers = nn.ModuleList([ViTLayer(decoder_config) for _ in range(config.decoder_num_hidden_layers)])
-        self.norm = nn.LayerNorm(config.decoder_hidden_size, eps=config.layer_norm_eps)
+        if config.decoder_final_norm:
+            self.norm = nn.LayerNorm(config.decoder_hidden_size, eps=config.layer_norm_eps)
         self.prediction = nn.Linear(config.decoder_hidden_size, config.patch_size**2 * spec.output_channels)
 
     def forward(
@@ -259,13 +311,15 @@ class MultiMAEDecoder(nn.Module):
         encoded: torch.Tensor,
         context_positions: torch.Tensor,
         context_modalities: torch.Tensor,
+        context_patches: torch.Tensor,
         query_positions: torch.Tensor,
         query_modality: int,
         attention_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """``encoded`` (B, G+V, D); ``context_positions`` (B, G+V, Dd) position embeddings (0 for global tokens);
-        ``context_modalities`` (B, G+V) source-modality ids (-1 for global tokens); ``query_positions`` (N, Dd).
-        Returns (B, N, patch_size**2 * output_channels)."""
+        ``context_modalities`` (B, G+V) source-modality ids (-1 for global tokens); ``context_patches`` (B, G+V)
+        patch indices (-1 for global tokens); ``query_positions`` (N, Dd); ``attention_mask`` (B, G+V) 1 for real
+        tokens, or None. Returns (B, N, patch_size**2 * output_channels)."""
         batch = encoded.shape[0]
         modality_embedding = torch.where(
             (context_modalities >= 0)[..., None],
@@ -273,13 +327,18 @@ class MultiMAEDecoder(nn.Module):
             torch.zeros((), dtype=encoded.dtype, device=encoded.device),
         )
         context = self.decoder_embed(encoded) + context_positions + modality_embedding
-        queries = self.mask_token + query_positions + self.modality_embeddings[query_modality]
+        queries = (self.mask_token + query_positions + self.modality_embeddings[query_modality]).expand(batch, -1, -1)
+        if self.config.decoder_use_task_queries:
+            own = context_modalities == query_modality
+            if attention_mask is not None:
+                own = own & attention_mask.bool()
+            queries = _place_own_tokens(queries, context, context_patches, own)
         if self.config.decoder_type == "cross_attention":
-            hidden = self.cross_attention(queries.expand(batch, -1, -1), context, attention_mask)
+            hidden = self.cross_attention(queries, context, attention_mask)
             for layer in self.layers:
                 hidden = layer(hidden)
-            return self.prediction(self.norm(hidden))
-        hidden = torch.cat([context, queries.expand(batch, -1, -1)], dim=1)
+            return self.prediction(self.norm(hidden) if self.config.decoder_final_norm else hidden)
+        hidden = torch.cat([context, queries], dim=1)
         if attention_mask is not None:
             padding = torch.ones(batch, queries.shape[1], dtype=attention_mask.dtype, device=attention_mask.device)
             attention_mask = create_bidirectional_mask(
@@ -487,10 +546,11 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
         encoder = self.multimae
         batch, grid_h, grid_w = encoder.grid_size(inputs)
         num_patches = grid_h * grid_w
-        encoded = encoder.encode(inputs, masks, output_hidden_states=output_hidden_states)
+        reads_norm = self.config.decoder_reads_encoder_norm
+        encoded = encoder.encode(inputs, masks, output_hidden_states=output_hidden_states or not reads_norm)
         present = [spec.name for spec in self.config.modalities if spec.name in inputs]
         config_index = {spec.name: i for i, spec in enumerate(self.config.modalities)}
-        hidden_states = encoded.last_hidden_state
+        hidden_states = encoded.last_hidden_state if reads_norm else encoded.hidden_states[-1]
         decoder_dim = self.config.decoder_hidden_size
         position = sincos_position_embedding(grid_h, grid_w, decoder_dim, hidden_states.device, hidden_states.dtype)
         # Position and source modality of every context token (global tokens: no position, modality -1).
@@ -502,6 +562,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
             [hidden_states.new_zeros(batch, num_global, decoder_dim), position[patch_index]], dim=1
         )
         context_modalities = torch.cat([source.new_full((batch, num_global), -1), source], dim=1)
+        context_patches = torch.cat([patch_index.new_full((batch, num_global), -1), patch_index], dim=1)
 
         task_losses, task_counts, predictions = {}, {}, {}
         for name in present:
@@ -510,6 +571,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
                 hidden_states,
                 context_positions,
                 context_modalities,
+                context_patches,
                 position,
                 config_index[name],
                 encoded.attention_mask,
@@ -533,7 +595,7 @@ class MultiMAEForPreTraining(MultiMAEPreTrainedModel):
             task_losses=task_losses,
             task_counts=task_counts,
             predictions=predictions,
-            hidden_states=encoded.hidden_states,
+            hidden_states=encoded.hidden_states if output_hidden_states else None,
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         return output if return_dict else output.to_tuple()
@@ -584,6 +646,17 @@ class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
 
     main_input_name = "pixel_values"
 
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any
+    ) -> MultiMAEFineTuningModel:
+        """``PreTrainedModel.from_pretrained``; a LoRA output folder of ``robust-pretrain-finetune-dense`` (adapters,
+        head and ``config.json``, no model weights) loads as the base checkpoint its ``adapter_config.json`` names
+        with the adapters and the head merged in (:mod:`robust_pretrain.vision.lora`)."""
+        if is_lora_output(pretrained_model_name_or_path):
+            return load_lora_output(super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
     def _encode_finetune_inputs(
         self, pixel_values: torch.Tensor | None, modality_inputs: dict[str, torch.Tensor | None], hidden_states: bool
     ) -> tuple[MultiMAEModelOutput, tuple[int, int], tuple[int, int]]:
@@ -619,6 +692,10 @@ class MultiMAEForImageClassification(MultiMAEFineTuningModel):
         self.multimae = MultiMAEModel(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
+
+    def head_modules(self) -> list[str]:
+        """The modules of the head (LoRA's ``modules_to_save``)."""
+        return ["classifier"]
 
     def forward(
         self,
@@ -664,7 +741,8 @@ def _dpt_config(config: MultiMAEConfig) -> DPTConfig:
 
 
 class MultiMAEDenseModel(MultiMAEFineTuningModel):
-    """A DPT reassemble-and-fuse neck (transformers' ``DPTNeck``) over four encoder layers (``head_layer_indices``).
+    """A DPT reassemble-and-fuse neck (transformers' ``DPTNeck``) over four encoder layers (``head_layer_indices``);
+    ``neck=False`` leaves it out for a head that reads the encoder itself (the ConvNeXt segmentation head).
 
     DPT rather than a progressive-upsampling head: MultiMAE fine-tunes its dense tasks with DPT, the neck combines
     shallow (fine) and deep (semantic) layers, and transformers already ships it, so nothing is re-implemented. At
@@ -672,10 +750,16 @@ class MultiMAEDenseModel(MultiMAEFineTuningModel):
     readout token.
     """
 
-    def __init__(self, config: MultiMAEConfig) -> None:
+    def __init__(self, config: MultiMAEConfig, neck: bool = True) -> None:
         super().__init__(config)
         self.multimae = MultiMAEModel(config)
-        self.neck = DPTNeck(_dpt_config(config))
+        if neck:
+            self.neck = DPTNeck(_dpt_config(config))
+
+    def head_modules(self) -> list[str]:
+        """The modules of the head (LoRA's ``modules_to_save``): the DPT head is named by its only child, so that
+        a suffix match cannot catch that child as a second module."""
+        return ["neck", "head.head"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -701,7 +785,9 @@ class MultiMAEDenseModel(MultiMAEFineTuningModel):
 
 
 class MultiMAEForSemanticSegmentation(MultiMAEDenseModel):
-    """Semantic segmentation (``config.num_labels`` classes) with a DPT neck and transformers' DPT segmentation head.
+    """Semantic segmentation (``config.num_labels`` classes) with a DPT neck and transformers' DPT segmentation head,
+    or with ``config.semseg_head="convnext"`` MultiMAE's ConvNeXt head on the encoder's last layer (before its final
+    norm: MultiMAE's encoder has none), the input modalities' tokens of a patch concatenated as MultiMAE does.
 
     ``logits`` are upsampled (bilinear) to the label map's size when ``labels`` are given, else to the input size;
     so a label map of another size than the image is scored at its own resolution (never resized). Loss: pixel
@@ -709,9 +795,31 @@ class MultiMAEForSemanticSegmentation(MultiMAEDenseModel):
     """
 
     def __init__(self, config: MultiMAEConfig) -> None:
-        super().__init__(config)
-        self.head = DPTSemanticSegmentationHead(_dpt_config(config))
+        convnext = config.semseg_head == "convnext"
+        super().__init__(config, neck=not convnext)
+        if convnext:
+            self.head = ConvNeXtSegmentationHead(
+                config.hidden_size * len(config.finetune_modalities),
+                config.convnext_head_dim,
+                config.convnext_preds_per_patch,
+                config.convnext_num_blocks,
+                config.num_labels,
+            )
+        else:
+            self.head = DPTSemanticSegmentationHead(_dpt_config(config))
         self.post_init()
+
+    def head_modules(self) -> list[str]:
+        return ["head"] if self.config.semseg_head == "convnext" else super().head_modules()
+
+    def _convnext_logits(
+        self, pixel_values: torch.Tensor | None, modality_inputs: dict[str, torch.Tensor | None]
+    ) -> tuple[torch.Tensor, tuple[int, int], tuple[torch.Tensor, ...]]:
+        encoded, (grid_h, grid_w), image_size = self._encode_finetune_inputs(pixel_values, modality_inputs, True)
+        last = encoded.hidden_states[-1][:, self.config.num_global_tokens :]
+        batch, num_inputs = last.shape[0], len(self.config.finetune_modalities)
+        tokens = last.reshape(batch, num_inputs, grid_h * grid_w, -1).permute(0, 2, 1, 3).flatten(2)
+        return self.head(tokens, grid_h, grid_w), image_size, encoded.hidden_states
 
     def forward(
         self,
@@ -723,11 +831,14 @@ class MultiMAEForSemanticSegmentation(MultiMAEDenseModel):
         return_dict: bool | None = None,
         **other_modalities: torch.Tensor,
     ) -> SemanticSegmenterOutput | tuple:
-        features, image_size, hidden_states = self._fused_features(
-            pixel_values, {"rgb": rgb, "depth": depth, **other_modalities}
-        )
+        modality_inputs = {"rgb": rgb, "depth": depth, **other_modalities}
+        if self.config.semseg_head == "convnext":
+            logits, image_size, hidden_states = self._convnext_logits(pixel_values, modality_inputs)
+        else:
+            features, image_size, hidden_states = self._fused_features(pixel_values, modality_inputs)
+            logits = self.head(features)
         size = tuple(labels.shape[-2:]) if labels is not None else image_size
-        logits = F.interpolate(self.head(features), size=size, mode="bilinear", align_corners=False)
+        logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
         loss = None
         if labels is not None:
             if labels.dim() != 3:
@@ -749,9 +860,10 @@ class MultiMAEForDepthEstimation(MultiMAEDenseModel):
     """Monocular depth with a DPT neck and transformers' DPT depth head (non-negative output, metres).
 
     ``predicted_depth`` (B, H, W) is upsampled (bilinear) to the label size when ``labels`` are given, else to the
-    input size. Loss: L1 in metres over the valid pixels (label > 0 and finite), 0 when a batch has none. L1 rather
-    than the scale-invariant log loss: it scores the metric depth the metrics (δ1, AbsRel, RMSE) evaluate, is the
-    pre-training depth loss, and needs no log of a zero prediction from the ReLU output.
+    input size. Loss (``config.depth_loss``): L1 in metres over the valid pixels (label > 0 and finite), 0 when a
+    batch has none, or MultiMAE's berHu over them (:func:`~robust_pretrain.vision.losses.depth_loss`). L1 by
+    default rather than the scale-invariant log loss: it scores the metric depth the metrics (δ1, AbsRel, RMSE)
+    evaluate, is the pre-training depth loss, and needs no log of a zero prediction from the ReLU output.
     """
 
     def __init__(self, config: MultiMAEConfig) -> None:
@@ -782,9 +894,7 @@ class MultiMAEForDepthEstimation(MultiMAEDenseModel):
         loss = None
         if labels is not None:
             labels = labels.to(predicted_depth.dtype)
-            valid = (labels > 0) & torch.isfinite(labels)
-            error = (predicted_depth - torch.where(valid, labels, torch.zeros_like(labels))).abs()
-            loss = (error * valid).sum() / valid.sum().clamp_min(1)
+            loss = depth_loss(self.config.depth_loss, predicted_depth, labels, (labels > 0) & torch.isfinite(labels))
         output = DepthEstimatorOutput(
             loss=loss, predicted_depth=predicted_depth, hidden_states=hidden_states if output_hidden_states else None
         )
