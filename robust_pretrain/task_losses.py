@@ -95,9 +95,16 @@ def per_target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothin
     return F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=label_smoothing)
 
 
-def reduce_by_task(losses: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum the per-target losses and count the targets of each task (scatter-adds on the losses' device, no sync),
-    both of shape ``[num_tasks]``."""
+def reduce_by_task(
+    losses: torch.Tensor, task_ids: torch.Tensor, num_tasks: int, deterministic: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum the per-target losses and count the targets of each task, both of shape ``[num_tasks]``, on the losses'
+    device without a sync: by scatter-adds (on a GPU, atomic adds in no fixed order), or with ``deterministic`` by a
+    product with the targets' one-hot task matrix (a fixed order: the same bits on every run, as ``--full_determinism``
+    needs; ``[targets, num_tasks]`` extra memory)."""
+    if deterministic:
+        one_hot = torch.nn.functional.one_hot(task_ids, num_tasks).to(losses.dtype)
+        return losses @ one_hot, one_hot.sum(dim=0)
     sums = losses.new_zeros(num_tasks).index_add(0, task_ids, losses)
     counts = losses.new_zeros(num_tasks).index_add(0, task_ids, torch.ones_like(losses))
     return sums, counts

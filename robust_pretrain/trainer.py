@@ -316,7 +316,7 @@ class MinimaxTrainer(Trainer):
             elif logits.shape[0] != targets.positions.numel():
                 raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
             losses = per_target_losses(logits, targets.gather(labels), smoothing)
-        sums, counts = reduce_by_task(losses, targets.ids, self.num_tasks)
+        sums, counts = reduce_by_task(losses, targets.ids, self.num_tasks, self.args.full_determinism)
         return sums, counts, outputs
 
     def _targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,48 @@
+"""``--full_determinism``: the per-task sums by a fixed-order reduction (a one-hot product) instead of scatter-adds,
+whose atomic adds on a GPU sum in no fixed order; the same numbers either way."""
+
+import pytest
+import torch
+from test_trainer import make_args, one_step
+from tiny_training import masked_examples, tiny_bert
+
+from robust_pretrain import MinimaxTrainer
+from robust_pretrain import trainer as trainer_module
+from robust_pretrain.task_losses import reduce_by_task
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sums_and_counts_per_task(deterministic):
+    losses = torch.tensor([1.0, 2.0, 3.0, 4.5])
+    sums, counts = reduce_by_task(losses, torch.tensor([0, 2, 0, 1]), 4, deterministic)
+    assert sums.tolist() == [4.0, 4.5, 2.0, 0.0] and counts.tolist() == [2.0, 1.0, 1.0, 0.0]
+
+
+def test_both_reductions_agree_on_many_targets():
+    generator = torch.Generator().manual_seed(0)
+    losses = torch.rand(10_000, generator=generator) * 10
+    ids = torch.randint(0, 7, (10_000,), generator=generator)
+    fast, deterministic = reduce_by_task(losses, ids, 7), reduce_by_task(losses, ids, 7, deterministic=True)
+    torch.testing.assert_close(deterministic[0], fast[0], rtol=1e-6, atol=1e-4)
+    assert torch.equal(deterministic[1], fast[1])
+
+
+@pytest.fixture
+def restore_determinism():
+    yield
+    torch.use_deterministic_algorithms(False)  # full_determinism switches it on for the whole process
+
+
+def test_full_determinism_takes_the_fixed_order_reduction(tmp_path, monkeypatch, restore_determinism):
+    calls = []
+
+    def spy(losses, task_ids, num_tasks, deterministic=False):
+        calls.append(deterministic)
+        return reduce_by_task(losses, task_ids, num_tasks, deterministic)
+
+    monkeypatch.setattr(trainer_module, "reduce_by_task", spy)
+    batch = masked_examples(8)
+    plain = one_step(MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path / "a")), batch)
+    exact = one_step(MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path / "b", full_determinism=True)), batch)
+    assert calls == [False, True]
+    assert exact.item() == pytest.approx(plain.item(), rel=1e-6)
