@@ -185,9 +185,10 @@ class MinimaxTrainer(Trainer):
         if not (self.causal_lm and self.args.causal_lm_chunk_size):
             return None
         running = self.accelerator.distributed_type
-        if running in (DistributedType.FSDP, DistributedType.DEEPSPEED) or self.args.torch_compile:
-            reason = "torch_compile" if self.args.torch_compile else running.value
-            logger.warning(f"causal_lm_chunk_size is not supported with {reason}: the model computes its full logits")
+        if running in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            logger.warning(
+                f"causal_lm_chunk_size is not supported with {running.value}: the model computes its full logits"
+            )
             return None
         chunked = ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
         if chunked is None:

@@ -8,6 +8,7 @@ from test_causal_lm import assert_two_gloo_processes_give_plain_trainer_grads, p
 from test_trainer import max_relative_difference, one_step
 from tiny_causal_lm import (
     LLAMA_STYLE_SIZE,
+    GradRecorder,
     as_dataset,
     domain_examples,
     make_args,
@@ -296,10 +297,15 @@ def test_two_gloo_processes_in_chunks_give_the_plain_trainer_gradient(tmp_path):
     assert_two_gloo_processes_give_plain_trainer_grads(tmp_path, "--chunk_size", "5")
 
 
-def test_with_torch_compile_the_model_computes_its_full_logits_and_says_so(tmp_path, capfd, caplog):
-    args = make_args(str(tmp_path), torch_compile=True, causal_lm_chunk_size=4)
-    with caplog.at_level("WARNING"):
-        trainer = MinimaxTrainer(model=tiny_llama(), args=args)
-    assert trainer.lm_loss is None
-    logged = caplog.text + capfd.readouterr().err
-    assert "causal_lm_chunk_size is not supported with torch_compile: the model computes its full logits" in logged
+def test_under_torch_compile_the_chunked_loss_gives_the_eager_gradient(tmp_path):
+    """``torch_compile`` keeps the chunked loss on: AOT autograd (compile's forward/backward tracing; ``aot_eager``
+    runs its graphs with eager kernels) gives the eager step's gradient exactly. (Inductor on the CPU: within 4e-8,
+    measured once; 3 minutes to compile, too slow for the suite.)"""
+    examples = domain_examples(8)
+    eager = minimax_grads(tiny_llama(), make_args(str(tmp_path / "e"), causal_lm_chunk_size=4), examples)
+    args = make_args(str(tmp_path / "c"), causal_lm_chunk_size=4, torch_compile=True, torch_compile_backend="aot_eager")
+    trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=as_dataset(examples))
+    recorder = GradRecorder(trainer)
+    trainer.train()
+    assert trainer.lm_loss is not None and trainer.lm_loss.forward_passes > 0  # the chunked path ran
+    assert max(float((eager[k] - recorder.grads[k]).abs().max()) for k in eager) == 0.0
