@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 #: the option that switches the chunked loss off, named in every refusal
 OPTION = "causal_lm_chunk_size"
@@ -319,6 +320,11 @@ class ChunkedNextTokenLoss:
             raise ValueError(
                 f"{OPTION}: the output embeddings of {self.model_name} ran twice in one forward pass (more than one "
                 f"next-token head); set {OPTION}=0"
+            )
+        if isinstance(module.weight, DTensor):  # FSDP2 would gather it in a hook that runs after this one
+            raise ValueError(
+                f"{OPTION}: the output embeddings of {self.model_name} are sharded in an FSDP unit of their own; "
+                f"shard them with the root module (leave lm_head out of the wrap policy) or set {OPTION}=0"
             )
         selected = hidden[mask] if positions is None else hidden.flatten(0, 1).index_select(0, positions)
         self._losses = chunked_head_losses(selected, module, targets, self.chunk_size, self.transform, smoothing)

@@ -185,11 +185,14 @@ class MinimaxTrainer(Trainer):
         if not (self.causal_lm and self.args.causal_lm_chunk_size):
             return None
         running = self.accelerator.distributed_type
-        if running in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-            logger.warning(
-                f"causal_lm_chunk_size is not supported with {running.value}: the model computes its full logits"
+        fsdp_version = getattr(getattr(self.accelerator.state, "fsdp_plugin", None), "fsdp_version", None)
+        if running == DistributedType.DEEPSPEED or (running == DistributedType.FSDP and fsdp_version != 2):
+            engine = "DeepSpeed" if running == DistributedType.DEEPSPEED else "FSDP1"
+            raise ValueError(
+                f"causal_lm_chunk_size is not supported with {engine}, which flattens or partitions the output "
+                "embeddings' weight outside the model's forward pass: use FSDP2 (fsdp_version: 2, where the chunked "
+                "loss runs inside the forward on the gathered weight) or set causal_lm_chunk_size=0"
             )
-            return None
         chunked = ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
         if chunked is None:
             logger.info(f"causal_lm_chunk_size: {type(self.model).__name__} has no output embeddings; its logits serve")

@@ -1,10 +1,18 @@
 """Chunked next-token losses (``causal_lm_chunk_size``): the losses and gradients of the full logits, without them."""
 
+import json
+import subprocess
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
+from accelerate.utils import DistributedType
 from peft import LoraConfig, get_peft_model
-from test_causal_lm import assert_two_gloo_processes_give_plain_trainer_grads, plain_trainer_grads
+from ports import free_port
+from processes import TESTS, checkout_env
+from safetensors.torch import load_file
+from test_causal_lm import LAUNCH, assert_two_gloo_processes_give_plain_trainer_grads, plain_trainer_grads
 from test_trainer import max_relative_difference, one_step
 from tiny_causal_lm import (
     LLAMA_STYLE_SIZE,
@@ -17,6 +25,8 @@ from tiny_causal_lm import (
     tiny_llama,
     tiny_qwen2,
 )
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 from transformers import (
     CohereConfig,
     CohereForCausalLM,
@@ -309,3 +319,59 @@ def test_under_torch_compile_the_chunked_loss_gives_the_eager_gradient(tmp_path)
     trainer.train()
     assert trainer.lm_loss is not None and trainer.lm_loss.forward_passes > 0  # the chunked path ran
     assert max(float((eager[k] - recorder.grads[k]).abs().max()) for k in eager) == 0.0
+
+
+@pytest.mark.slow
+def test_fsdp2_keeps_the_chunked_loss_and_gives_the_ddp_gradient(tmp_path):
+    """2 gloo processes: FSDP2 (``fully_shard`` per decoder layer and the root, which holds ``lm_head``) with the
+    chunked loss gives the DDP run's first-step gradients (gathered from the shards) and per-domain losses."""
+    runs = {}
+    for name, extra in (("ddp", []), ("fsdp2", ["--fsdp2"])):
+        out = tmp_path / name
+        command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
+        options = ["--chunk_size", "5", "--weighting", "minimax", *extra]
+        subprocess.run([*command, *options], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
+        runs[name] = [json.loads((out / f"run-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [run["wrapped_model"] for run in runs["fsdp2"]] == ["FSDPLlamaForCausalLM"] * 2
+    assert all(run["chunked_forward_passes"] > 0 for runs_ in runs.values() for run in runs_)
+    ddp = load_file(tmp_path / "ddp" / "grads-rank0.safetensors")
+    for rank in (0, 1):
+        sharded = load_file(tmp_path / "fsdp2" / f"grads-rank{rank}.safetensors")
+        assert sorted(sharded) == sorted(ddp) and max_relative_difference(ddp, sharded) <= 1e-6
+        assert runs["fsdp2"][rank]["task_losses"] == pytest.approx(runs["ddp"][0]["task_losses"], abs=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["FSDP2", "FSDP1", "DeepSpeed"])
+def test_fsdp2_attaches_the_chunked_loss_fsdp1_and_deepspeed_are_refused_with_the_reason(tmp_path, engine):
+    trainer = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path)))
+    state = trainer.accelerator.state
+    saved = state.distributed_type, getattr(state, "fsdp_plugin", None)
+    try:
+        if engine == "DeepSpeed":
+            state.distributed_type = DistributedType.DEEPSPEED
+        else:
+            version = int(engine[-1])
+            state.distributed_type, state.fsdp_plugin = DistributedType.FSDP, SimpleNamespace(fsdp_version=version)
+        if engine == "FSDP2":
+            assert trainer._chunked_lm_loss() is not None
+        else:
+            with pytest.raises(ValueError, match=rf"not supported with {engine}, which flattens or partitions .*FSDP2"):
+                trainer._chunked_lm_loss()
+    finally:
+        state.distributed_type, state.fsdp_plugin = saved
+
+
+def test_output_embeddings_sharded_in_a_unit_of_their_own_are_refused(tmp_path):
+    """A head FSDP2 shards on its own is still a DTensor shard when the hook runs (its gather is a later hook)."""
+    trainer = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path)))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        head = torch.nn.Linear(32, LLAMA_STYLE_SIZE["vocab_size"], bias=False)
+        head.weight = torch.nn.Parameter(distribute_tensor(head.weight.detach(), mesh, [Shard(0)]))
+        hidden = torch.randn(2, 3, 32)
+        with trainer.lm_loss.targets(torch.ones(2, 3, dtype=torch.bool), torch.zeros(6, dtype=torch.long)):
+            with pytest.raises(ValueError, match="are sharded in an FSDP unit of their own; shard them with the root"):
+                trainer.lm_loss._compute_losses(head, (hidden,))
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,18 +1,20 @@
 """Tiny decoder LMs and domain-tagged sequences for the causal-LM tests, in-process or as a script (torchrun).
 
 As a script it trains ``tiny_llama`` one step with ``MinimaxTrainer`` on ``domain_examples(8)`` and writes, into
-``--out``, ``grads-rank<r>.safetensors``: the first step's gradients (averaged over processes), before the optimizer
-step.
+``--out``, ``grads-rank<r>.safetensors``: the first step's gradients (averaged over processes, gathered from the shards
+under ``--fsdp2``), before the optimizer step, and ``run-rank<r>.json``: how the model was wrapped, whether the chunked
+loss ran, the step's per-domain losses.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import torch
 from safetensors.torch import save_file
-from tiny_training import as_dataset, one_step_args
+from tiny_training import as_dataset, force_fsdp2, full, one_step_args
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -102,7 +104,7 @@ class GradRecorder(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.grads is None:
             model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-            self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            self.grads = {n: full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
 
 
 def minimax_grads(model: PreTrainedModel, args: MinimaxTrainingArguments, examples: dict) -> dict[str, torch.Tensor]:
@@ -119,6 +121,7 @@ def main() -> None:
     parser.add_argument("--grad_accum", type=int, default=1)
     parser.add_argument("--weighting", default="proportional")
     parser.add_argument("--chunk_size", type=int, help="causal_lm_chunk_size (default: the option's default)")
+    parser.add_argument("--fsdp2", action="store_true", help="shard with FSDP2 (fully_shard per LlamaDecoderLayer)")
     cli = parser.parse_args()
     chunking = {} if cli.chunk_size is None else {"causal_lm_chunk_size": cli.chunk_size}
     args = make_args(
@@ -129,12 +132,24 @@ def main() -> None:
         gradient_accumulation_steps=cli.grad_accum,
         data_seed=7,
     )
-    grads = minimax_grads(tiny_llama(), args, domain_examples(8))
+    trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=as_dataset(domain_examples(8)))
+    if cli.fsdp2:
+        force_fsdp2(trainer, "LlamaDecoderLayer")
+    recorder = GradRecorder(trainer)
+    trainer.train()
     os.makedirs(cli.out, exist_ok=True)
     save_file(
-        {k: v.contiguous() for k, v in grads.items()},
+        {k: v.contiguous() for k, v in recorder.grads.items()},
         os.path.join(cli.out, f"grads-rank{args.process_index}.safetensors"),
     )
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    run = {
+        "wrapped_model": type(trainer.model_wrapped).__name__,
+        "chunked_forward_passes": 0 if trainer.lm_loss is None else trainer.lm_loss.forward_passes,
+        "task_losses": {name: logged[f"task_loss/{name}"] for name in DOMAINS},
+    }
+    with open(os.path.join(cli.out, f"run-rank{args.process_index}.json"), "w") as f:
+        json.dump(run, f)
 
 
 if __name__ == "__main__":

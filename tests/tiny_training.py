@@ -57,14 +57,15 @@ def tiny_bert(seed: int = 0, dropout: float = 0.0, untie_mlm_bias: bool = False)
     return model
 
 
-def force_fsdp2(trainer: MinimaxTrainer) -> None:
-    """Switch the trainer's (CPU, multi-process) Accelerate state to FSDP2 before ``train`` prepares the model."""
+def force_fsdp2(trainer: MinimaxTrainer, layer: str = "BertLayer") -> None:
+    """Switch the trainer's (CPU, multi-process) Accelerate state to FSDP2 before ``train`` prepares the model
+    (``fully_shard`` per ``layer``, plus the root)."""
     state = trainer.accelerator.state
     state.distributed_type = PartialState().distributed_type = DistributedType.FSDP  # both shared states
     state.fsdp_plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2,
         auto_wrap_policy="transformer_based_wrap",
-        transformer_cls_names_to_wrap=["BertLayer"],
+        transformer_cls_names_to_wrap=[layer],
         state_dict_type="SHARDED_STATE_DICT",
         reshard_after_forward=True,
     )
