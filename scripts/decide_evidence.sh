@@ -19,6 +19,7 @@ REGIMES=${REGIMES:-python rare_email}
 RESULTS=${RESULTS:-benchmarks/results/decide_evidence}
 STATE=${STATE:-benchmarks/results/decide_evidence_state}
 source scripts/evidence_common.sh
+mkdir -p "$(dirname "$RESULTS")"
 
 for regime in $REGIMES; do
   "$PY" scripts/decide_evidence_data.py --regime "$regime" --out "$OUT/$regime.jsonl"

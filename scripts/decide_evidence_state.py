@@ -18,7 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def finished(cell: Path) -> bool:
-    return (cell / "task_report.json").is_file()
+    """A cell's report is written (a doremi cell's: its main stage's)."""
+    return (cell / "task_report.json").is_file() or (cell / "main" / "task_report.json").is_file()
 
 
 def kept_files(run: Path) -> list[Path]:
