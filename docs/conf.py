@@ -20,6 +20,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "option_reference",
+    "api_reference",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 exclude_patterns = ["_build", "api/generated/*.md"]
@@ -29,7 +30,7 @@ smartquotes = False  # keep "--option" and quotes as typed
 
 autosummary_generate = True
 autosummary_imported_members = False
-# Packages list their modules; each module documents its own members once (re-exports are not repeated).
+# The API pages list each package's exports (docs/_ext/api_reference.py); re-exports are documented once.
 templates_path = ["_templates"]
 autodoc_default_options = {"show-inheritance": True}
 autodoc_member_order = "bysource"

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
+#: the 17 Universal Dependencies part-of-speech tags
 UPOS_TAGS = (
     "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM",
     "PART", "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X",
 )  # fmt: skip
 
+#: the paper's 9 part-of-speech tasks and the UPOS tags each groups
 DEFAULT_POS_TASKS: Mapping[str, tuple[str, ...]] = {
     "verb": ("VERB", "AUX"),
     "noun": ("NOUN", "PROPN"),

@@ -45,6 +45,7 @@ class TaskSpec:
         return tuple(self.eval_files)
 
 
+#: the GLUE tasks by name: files, columns, label count and metric of each
 GLUE_TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (

@@ -17,6 +17,7 @@ from .morbit import MorbitWeighting, project_to_simplex
 from .proportional import ProportionalWeighting
 from .uncertainty import UncertaintyWeighting
 
+#: every weighting strategy by its registry name (``--weighting``)
 WEIGHTINGS: dict[str, type[Weighting]] = {
     "proportional": ProportionalWeighting,
     "average": AverageWeighting,

@@ -1,0 +1,75 @@
+"""The API reference from each package's ``__all__``: one page per package listing what it exports (an autosummary
+table, each object on a page of its own), the root package's names first as "start here"; modules that export
+nothing (recipe internals) are left out. Also keeps Napoleon from reading an attribute comment ``#: a: b`` as the
+type ``a`` with the description ``b``.
+
+The package pages are written into ``api/packages/`` (not committed) when the configuration is read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+#: the packages whose exports make the reference, in the order of the landing page, with a line on each
+PACKAGES = {
+    "robust_pretrain": "Start here: the trainer, its arguments and the weighting registry.",
+    "robust_pretrain.weighting": "Weighting strategies (one per module), loss normalisation, automatic alpha.",
+    "robust_pretrain.data": "Text data: task specs, tagging, preprocessing, collators, domains.",
+    "robust_pretrain.vision": "Images: the multi-modal MAE (Auto-registered), its processor, collator and heads.",
+    "robust_pretrain.glue": "GLUE tasks, loading and fine-tuning.",
+    "robust_pretrain.evaluation": "The downstream suite: tasks x seeds x checkpoints, worst task.",
+    "robust_pretrain.reporting": "Cards, plots, tables, scoring and statistics.",
+}
+
+
+def package_page(package: str, names: list[str], summary: str) -> str:
+    title = f"``{package}``"
+    lines = [title, "=" * len(title), "", summary, "", f".. automodule:: {package}", "   :no-members:", ""]
+    lines += [f".. currentmodule:: {package}", "", ".. autosummary::", "   :toctree: ../generated", ""]
+    lines += [f"   {name}" for name in names] + [""]
+    return "\n".join(lines)
+
+
+def defining_name(package: str, name: str, value: Any) -> str:
+    """The export's name for autosummary, relative to ``package``: a class or function as exported (autodoc follows
+    it to its module), a constant by its defining module (its ``#:`` comment is there, not in the package's
+    ``__init__``)."""
+    if inspect.isclass(value) or inspect.isroutine(value):
+        return name
+    for module_name, module in sorted(sys.modules.items()):
+        if module_name.startswith(f"{package}.") and getattr(module, name, None) is value and module.__file__:
+            if re.search(rf"^{name}\s*[:=]", Path(module.__file__).read_text(), re.MULTILINE):
+                return f"{module_name.removeprefix(package + '.')}.{name}"
+    return name
+
+
+def write_pages(app: Any, config: Any) -> None:
+    folder = Path(app.srcdir) / "api" / "packages"
+    folder.mkdir(parents=True, exist_ok=True)
+    documented: set[int] = set()
+    for package, summary in PACKAGES.items():
+        module = importlib.import_module(package)
+        names = []
+        for name in module.__all__:  # an object re-exported by an earlier package is documented there
+            value = getattr(module, name)
+            if id(value) not in documented and not inspect.ismodule(value):
+                documented.add(id(value))
+                names.append(defining_name(package, name, value))
+        (folder / f"{package}.rst").write_text(package_page(package, names, summary))
+
+
+def no_inline_attribute_type(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    """An attribute's or constant's comment is a description: its first line is not ``type: description``."""
+    if what in ("attribute", "data") and lines and ":" in lines[0]:
+        lines.insert(0, "")
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("config-inited", write_pages)  # before Sphinx lists the sources and autosummary writes its stubs
+    app.connect("autodoc-process-docstring", no_inline_attribute_type, priority=400)  # before Napoleon's (500)
+    return {"parallel_read_safe": True}
