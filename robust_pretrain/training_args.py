@@ -175,8 +175,9 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             strategy = self.bind_tasks(self.task_names)
         else:  # the strategy's checks that do not depend on T, for a stand-in number of tasks
             stand_in = len(self.reference_losses or self.task_sampling_weights or [None])
-            losses = [0.0] * stand_in if self.reference_run is not None else self.reference_losses
-            options = {**self.weighting_options(), "reference_losses": losses}
+            options = self.weighting_options()
+            if self.reference_run is not None:  # its losses are read for the tasks
+                options["reference_losses"] = [0.0] * stand_in
             strategy = build_weighting(self.weighting, stand_in, **options)
         self._check_sampling(strategy)
 

@@ -372,13 +372,19 @@ def test_batch_without_task_ids_fails_clearly(tmp_path):
         ({"alpha": -1.0}, "alpha must be > 0"),
         ({"weighting": "average", "alpha": 2.0}, "alpha: not used by weighting='average'"),
         ({"loss_normalization": "excess"}, "reference_losses"),
-        ({"loss_normalization": "excess", "reference_losses": [1.0]}, "one value per task"),
         ({"weighting_learning_rate": 0.0}, "weighting_learning_rate"),
     ],
 )
-def test_invalid_arguments_fail_at_construction(tmp_path, overrides, message):
+@pytest.mark.parametrize("task_names", [TASKS, []], ids=["tasks", "no-tasks"])
+def test_invalid_arguments_fail_at_construction(tmp_path, overrides, message, task_names):
+    """Checks that do not need the tasks run at construction, with or without task_names."""
     with pytest.raises(ValueError, match=message):
-        make_args(tmp_path, **overrides)
+        make_args(tmp_path, **{"task_names": task_names, **overrides})
+
+
+@pytest.mark.parametrize("weighting", ["proportional", "average", "uncertainty", "gradnorm", "minimax", "dwa"])
+def test_valid_arguments_without_task_names_are_accepted(tmp_path, weighting):
+    assert make_args(tmp_path, task_names=[], weighting=weighting).task_names == []
 
 
 class NamedCollator:
@@ -426,8 +432,10 @@ def test_without_task_names_anywhere_construction_is_refused(tmp_path):
         ({"task_sampling": "fixed", "task_sampling_weights": [1.0, 1.0]}, "task_sampling_weights: one weight per task"),
     ],
 )
-def test_checks_that_need_the_tasks_run_when_the_trainer_knows_them(tmp_path, overrides, message):
-    args = make_args(tmp_path, task_names=[], **overrides)  # T unknown: accepted
+def test_checks_that_need_the_tasks_run_when_the_tasks_are_known(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):  # at construction with task_names
+        make_args(tmp_path, **overrides)
+    args = make_args(tmp_path, task_names=[], **overrides)  # T unknown: accepted, then refused by the trainer
     with pytest.raises(ValueError, match=message):
         MinimaxTrainer(model=tiny_bert(), args=args, data_collator=NamedCollator(TASKS))
 
