@@ -455,3 +455,13 @@ def test_importance_weighting_with_w_equal_to_q_is_the_plain_step(tmp_path):
         loss, _ = _step_gradient(trainer, batch)
         plain = trainer.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
         assert loss.item() == pytest.approx(plain.item(), rel=1e-6)  # the model's own loss is float32
+
+
+def test_the_console_line_names_the_worst_tasks_sampling_weight_when_tasks_are_drawn():
+    """Drawn by weight, a task's objective weight is its share of the batch: the line shows the sampling weight."""
+    from robust_pretrain.pretraining.common import summarise_log
+
+    logs = {"step": 3, "loss": 2.5, "task_loss/a": 1.0, "task_loss/b": 3.0, "task_weight/b": 0.2}
+    assert summarise_log(logs, 10) == "step 3/10 | loss 2.5000 | worst task b 3.0000 (weight 0.200)"
+    logs["task_sampling_weight/b"] = 0.7
+    assert summarise_log(logs, 10) == "step 3/10 | loss 2.5000 | worst task b 3.0000 (sampling weight 0.700)"

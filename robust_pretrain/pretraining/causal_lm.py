@@ -436,13 +436,19 @@ def provenance(texts: DomainTexts, tokenizer: Any, model: torch.nn.Module) -> di
     return {"tokenizer_sha256": tokenizer_fingerprint(tokenizer), "data_sha256": data, "model_size": model_size(model)}
 
 
-def sample_from_file(training_args: MinimaxTrainingArguments, path: str, weights: list[float]) -> None:
-    """``--domain_weights``: draw the domains from the file's weights (``task_sampling='fixed'``)."""
-    if training_args.task_sampling == "online" or training_args.task_sampling_weights is not None:
+def check_domain_weights(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
+    """``--domain_weights`` are the fixed sampling weights: refuse other ones (before any data is read)."""
+    if data_args.domain_weights is not None and (
+        training_args.task_sampling == "online" or training_args.task_sampling_weights is not None
+    ):
         raise UsageError(
-            f"--domain_weights {path} are the fixed sampling weights: they exclude --task_sampling online and "
+            "--domain_weights are the fixed sampling weights: they exclude --task_sampling online and "
             "--task_sampling_weights"
         )
+
+
+def sample_from_file(training_args: MinimaxTrainingArguments, weights: list[float]) -> None:
+    """``--domain_weights``: draw the domains from the file's weights (``task_sampling='fixed'``)."""
     training_args.task_sampling, training_args.task_sampling_weights = "fixed", weights
 
 
@@ -559,6 +565,7 @@ def run(argv: list[str]) -> dict:
     if model_args.tokenizer_name is not None:
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
+    check_domain_weights(data_args, training_args)
     if data_args.streaming:
         check_streaming(model_args, data_args, training_args)
     texts = load_domain_texts(data_args)
@@ -567,7 +574,7 @@ def run(argv: list[str]) -> dict:
     if data_args.domain_weights is not None:
         fixed_weights, saved_provenance = read_domain_weights(data_args.domain_weights, texts.names)
         if not data_args.streaming:
-            sample_from_file(training_args, data_args.domain_weights, fixed_weights)
+            sample_from_file(training_args, fixed_weights)
     bind_tasks(training_args, texts.names, "the data's domains")
 
     setup_logging(training_args, logger)

@@ -229,7 +229,10 @@ def run(argv: list[str]) -> dict:
             "--strategies or name one of those runs"
         )
     recipe_argv = [*(["--config", cli.config] if cli.config else []), *overrides]  # what every run is given
-    tasks, recipe_reference_run = planned_runs(cli.recipe, recipe_argv)
+    try:
+        tasks, recipe_reference_run = planned_runs(cli.recipe, recipe_argv)
+    except UsageError as err:
+        raise UsageError(*(f"the options of every run: {problem}" for problem in err.args)) from err
     reference_run = cli.reference_run or recipe_reference_run
     reference = None
     if reference_run is not None:
