@@ -130,7 +130,10 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         choices=TASK_SAMPLING_MODES,
     )
     task_sampling_weights: list[float] | None = option(
-        None, "task_sampling='fixed': the sampling weight q_t of each task (not all 0; normalised).", minimum=0
+        None,
+        "task_sampling='fixed': the sampling weight q_t of each task (not all 0; normalised); needed by the time the "
+        "trainer is built (a recipe may set them from a file).",
+        minimum=0,
     )
     importance_weighting: bool = option(
         False,
@@ -190,6 +193,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"task_names: give distinct names of one or more tasks, got {names}")
         if self.task_names and list(self.task_names) != names:
             raise ValueError(f"task_names {list(self.task_names)} differ from the data's tasks {names}")
+        if self.task_sampling == "fixed" and self.task_sampling_weights is None:
+            raise ValueError("task_sampling='fixed' draws from task_sampling_weights: give one per task")
         if self.task_sampling_weights is not None and len(self.task_sampling_weights) != len(names):
             raise ValueError(
                 f"task_sampling_weights: one weight per task ({len(names)}: {names}), got {self.task_sampling_weights}"
@@ -202,8 +207,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
     def _check_sampling(self, strategy: Weighting) -> None:
         """The task-sampling options, with ``strategy`` built from these arguments."""
         weights = self.task_sampling_weights
-        if (self.task_sampling == "fixed") != (weights is not None):
-            raise ValueError("task_sampling_weights: give them with task_sampling='fixed', and only then")
+        if weights is not None and self.task_sampling != "fixed":
+            raise ValueError("task_sampling_weights: the weights of task_sampling='fixed', and only of it")
         if weights is not None and not sum(weights) > 0:
             raise ValueError(f"task_sampling_weights: not all 0, got {weights}")
         if self.importance_weighting and self.task_sampling != "fixed":

@@ -330,6 +330,12 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["--task_sampling", "online", "--weighting", "uncertainty"],
         ["weighting='uncertainty' cannot drive task sampling"],
     ),  # fmt: skip
+    (
+        "causal-lm",
+        ["--objective_weights", "{tmp}/weights.json"],
+        ["--objective_weights are the objective of importance weighting: add --task_sampling fixed"],
+    ),  # fmt: skip
+    ("causal-lm", ["--importance_weighting", "true"], ["importance_weighting: corrects the draws of task_sampling="]),
     ("causal-lm", ["--max_seq_length", "1"], ["--max_seq_length must be in [2, 8192]"]),
     ("causal-lm", ["--streaming", "true"], ["--streaming reads --domain_files (one stream per domain)"]),
     (

@@ -214,6 +214,26 @@ def test_sampling_weights_are_summarised_beyond_max_logged_tasks(tmp_path):
 
 
 @pytest.mark.slow
+def test_importance_weighting_draws_from_one_file_toward_the_other(tmp_path):
+    """--domain_weights q (drawn), --objective_weights w (minimised in expectation): the logged objective weights are
+    (w_d / q_d) N_d / N, N_d the step's targets of domain d, and the sampling weights are q."""
+    q, w = {"answers": 0.2, "email": 0.3, "reviews": 0.5}, {"answers": 0.6, "email": 0.3, "reviews": 0.1}
+    for name, weights in (("q.json", q), ("w.json", w)):
+        (tmp_path / name).write_text(json.dumps({"weights": weights}))
+    files = ["--domain_weights", str(tmp_path / "q.json"), "--objective_weights", str(tmp_path / "w.json")]
+    causal_lm.run(recipe_argv(tmp_path, "corrected", *files, "--task_sampling", "fixed", "--importance_weighting", "1"))
+    output = tmp_path / "corrected"
+    logs = [e for e in json.loads((output / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    assert len(logs) == 6
+    for entry in logs:
+        assert [entry[f"task_sampling_weight/{name}"] for name in DOMAINS] == pytest.approx(list(q.values()))
+        ratio = sum(entry[f"task_weight/{name}"] * q[name] / w[name] for name in DOMAINS)  # sum_d N_d / N
+        assert ratio == pytest.approx(1.0, abs=1e-5)
+    options = json.loads((output / "weighting_state.json").read_text())["options"]
+    assert options["objective"] == "FixedWeighting" and options["sampling_weights"] == pytest.approx(list(q.values()))
+
+
+@pytest.mark.slow
 def test_weights_from_a_file_are_drawn_and_their_provenance_is_checked(tmp_path, capsys):
     causal_lm.run(recipe_argv(tmp_path, "first"))
     provenance = json.loads((tmp_path / "first" / "task_report.json").read_text())["provenance"]

@@ -362,8 +362,7 @@ def test_batch_without_task_ids_fails_clearly(tmp_path):
     ("overrides", "message"),
     [
         ({"task_names": ["a", "a"]}, "unique"),
-        ({"task_sampling": "fixed"}, "task_sampling_weights: give them with task_sampling='fixed'"),
-        ({"task_sampling_weights": [1.0, 1.0, 1.0]}, "task_sampling_weights: give them with task_sampling='fixed'"),
+        ({"task_sampling_weights": [1.0, 1.0, 1.0]}, "task_sampling_weights: the weights of task_sampling='fixed'"),
         ({"task_sampling": "fixed", "task_sampling_weights": [0.0, 0.0, 0.0]}, "not all 0"),
         ({"importance_weighting": True}, "importance_weighting: corrects the draws of task_sampling='fixed'"),
         ({"task_sampling": "online", "weighting": "uncertainty"}, "cannot drive task sampling"),
@@ -430,6 +429,7 @@ def test_without_task_names_anywhere_construction_is_refused(tmp_path):
     [
         ({"loss_normalization": "excess", "reference_losses": [1.0]}, "one value per task"),
         ({"task_sampling": "fixed", "task_sampling_weights": [1.0, 1.0]}, "task_sampling_weights: one weight per task"),
+        ({"task_sampling": "fixed"}, "task_sampling='fixed' draws from task_sampling_weights: give one per task"),
     ],
 )
 def test_checks_that_need_the_tasks_run_when_the_tasks_are_known(tmp_path, overrides, message):

@@ -79,6 +79,7 @@ from robust_pretrain.reporting.cards import (
     model_size,
 )
 from robust_pretrain.reporting.task_report import TRAJECTORY_PLOT_NAME, report_settings, write_report_and_card
+from robust_pretrain.task_sampling import FixedWeighting
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
@@ -150,6 +151,12 @@ class DomainDataArguments:
         "domain_weights.json): each training sequence's domain is drawn from them (--task_sampling fixed with the "
         "file's weights). Its provenance (tokenizer, data, model size) must match this run's unless "
         "--allow_weights_mismatch.",
+        path="file",
+    )
+    objective_weights: str | None = option(
+        None,
+        "With --importance_weighting: JSON file of the objective's domain weights w (the format of --domain_weights), "
+        "in place of the --weighting strategy's; each target's loss is multiplied by w_d / q_d (q: --domain_weights).",
         path="file",
     )
     allow_weights_mismatch: bool = option(
@@ -436,14 +443,20 @@ def provenance(texts: DomainTexts, tokenizer: Any, model: torch.nn.Module) -> di
     return {"tokenizer_sha256": tokenizer_fingerprint(tokenizer), "data_sha256": data, "model_size": model_size(model)}
 
 
-def check_domain_weights(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
-    """``--domain_weights`` are the fixed sampling weights: refuse other ones (before any data is read)."""
+def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
+    """``--domain_weights`` are the fixed sampling weights, ``--objective_weights`` the objective of importance
+    weighting: refuse what contradicts them (before any data is read)."""
     if data_args.domain_weights is not None and (
         training_args.task_sampling == "online" or training_args.task_sampling_weights is not None
     ):
         raise UsageError(
             "--domain_weights are the fixed sampling weights: they exclude --task_sampling online and "
             "--task_sampling_weights"
+        )
+    if data_args.objective_weights is not None and not training_args.importance_weighting:
+        raise UsageError(
+            "--objective_weights are the objective of importance weighting: add --task_sampling fixed "
+            "--importance_weighting true and the sampling weights (--domain_weights)"
         )
 
 
@@ -565,7 +578,7 @@ def run(argv: list[str]) -> dict:
     if model_args.tokenizer_name is not None:
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
-    check_domain_weights(data_args, training_args)
+    check_weight_files(data_args, training_args)
     if data_args.streaming:
         check_streaming(model_args, data_args, training_args)
     texts = load_domain_texts(data_args)
@@ -576,6 +589,9 @@ def run(argv: list[str]) -> dict:
         if not data_args.streaming:
             sample_from_file(training_args, fixed_weights)
     bind_tasks(training_args, texts.names, "the data's domains")
+    objective = None
+    if data_args.objective_weights is not None:
+        objective = FixedWeighting(len(texts.names), read_domain_weights(data_args.objective_weights, texts.names)[0])
 
     setup_logging(training_args, logger)
     logger.info("domains %s (texts %s) weighting=%s", texts.names, text_counts, training_args.weighting)
@@ -625,6 +641,7 @@ def run(argv: list[str]) -> dict:
         eval_dataset=eval_sequences,
         processing_class=tokenizer,
         data_collator=DomainCollator(tokenizer.pad_token_id, task_names=texts.names),
+        weighting=objective,
         callbacks=[averages],
     )
     averages.trainer = trainer
