@@ -573,16 +573,16 @@ class MinimaxTrainer(Trainer):
         return logs
 
     def _sampling_logs(self) -> dict[str, float]:
-        """With ``task_sampling``: the step's sampling weights, ``task_sampling_weight/<name>`` (``task_weight/<name>``
-        are the objective's), or beyond ``max_logged_tasks`` their effective number ``exp(H)``
-        (``task_sampling_weight_effective_number``)."""
+        """With ``task_sampling``: the step's sampling weights (normalised), ``task_sampling_weight/<name>``
+        (``task_weight/<name>`` are the objective's), or beyond ``max_logged_tasks`` their effective number
+        ``exp(H)`` (``task_sampling_weight_effective_number``)."""
         weights = None if self.task_schedule is None else self.task_schedule.weights_at(self.state.global_step)
         if weights is None:
             return {}
+        p = weights / weights.sum()
         if self.num_tasks <= self.args.max_logged_tasks:
             keys = (f"task_sampling_weight/{name}" for name in self.task_names)
-            return dict(zip(keys, (round(w, 6) for w in weights.tolist()), strict=True))
-        p = weights / weights.sum()
+            return dict(zip(keys, (round(w, 6) for w in p.tolist()), strict=True))
         entropy = float(-(p * p.clamp_min(1e-300).log()).sum())
         return {"task_sampling_weight_effective_number": round(math.exp(entropy), 4)}
 
