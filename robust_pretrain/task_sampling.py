@@ -42,8 +42,8 @@ iterable dataset Accelerate may let one process collate for all).
 
 Usage (the PoS recipe: ``--masking per_example --task_sampling online --weighting minimax``)::
 
-    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=args.seed)
     args = MinimaxTrainingArguments(output_dir, weighting="minimax", task_sampling="online")
+    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=args.seed)  # its spec's tasks
     trainer = MinimaxTrainer(model=model, args=args, train_dataset=train, data_collator=collator)
 
 Sampling with fixed weights ``q`` toward an objective ``w`` (:class:`ImportanceWeighting`): with every sequence of
