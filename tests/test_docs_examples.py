@@ -19,6 +19,7 @@ def docs_example(page: str, marker: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_decoder_over_three_domain_files_runs_as_written(tmp_path, monkeypatch):
     """docs/decoder.md's script: no task_names given and no sampling object wired by hand; the trainer takes the
     domains from the collator, draws them online and logs the sampling weights."""
