@@ -13,8 +13,12 @@ follow the weights and the objective is the plain per-target mean. Three pieces,
   uninterrupted one.
 - ``TaskGroupedMLMCollator(..., mode="per_example", task_schedule=schedule)`` draws with the weights the schedule
   assigns to each batch.
-- :class:`TaskSamplingCallback` tells the schedule where each epoch starts and logs each step's sampling weights as
-  ``task_sampling_weight/<task>`` (``task_weight/<task>`` are the objective's).
+- :class:`TaskSamplingCallback` tells the schedule where each epoch starts.
+
+``MinimaxTrainer`` builds and wires them itself from ``MinimaxTrainingArguments.task_sampling`` (``online``: the
+strategy's weights; ``fixed``: ``task_sampling_weights``, the objective the strategy's, or with
+``importance_weighting`` the :class:`ImportanceWeighting` of it) and logs each step's sampling weights as
+``task_sampling_weight/<task>`` (``task_weight/<task>`` are the objective's).
 
 Sampling weights exactly: at optimizer step ``s`` the trainer pools each task's mean training loss ``L_t`` over the
 step's first micro-batch and all processes (the whole step without gradient accumulation), for the tasks that batch
@@ -36,18 +40,20 @@ collator counts the training batches it collates (a worker: its share of them, i
 collate only training batches (held-out data masked in advance, as the recipe does). Map-style datasets only (with an
 iterable dataset Accelerate may let one process collate for all).
 
-Usage (the PoS recipe: ``--masking per_example --task_sampling weights --weighting minimax``)::
+Usage (the PoS recipe: ``--masking per_example --task_sampling online --weighting minimax``)::
 
-    schedule = TaskSamplingSchedule(len(args.task_names))
-    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=args.seed, task_schedule=schedule)
-    trainer = MinimaxTrainer(model=model, args=args, train_dataset=train, data_collator=collator,
-                             weighting=TaskSamplingWeighting(args.build_weighting(), schedule),
-                             callbacks=[TaskSamplingCallback(schedule)])
+    args = MinimaxTrainingArguments(output_dir, weighting="minimax", task_sampling="online")
+    collator = TaskGroupedMLMCollator(tokenizer, mode="per_example", seed=args.seed)  # its spec's tasks
+    trainer = MinimaxTrainer(model=model, args=args, train_dataset=train, data_collator=collator)
+
+Sampling with fixed weights ``q`` toward an objective ``w`` (:class:`ImportanceWeighting`): with every sequence of
+one task (data domains, :class:`~robust_pretrain.data.domains.DomainCollator`) and of the same number of targets,
+``sum_t (w_t / q_t) S_t / N`` over a step of ``N`` targets (``S_t``: task t's loss sum) has the expected gradient of
+``sum_t w_t L_t``, ``L_t`` the mean loss of task t's sequences; ``w = q`` is the plain mean.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -149,6 +155,10 @@ class TaskSamplingSchedule:
         self._local_batches += 1
         return step, batch_index % accumulation_steps, weights
 
+    def weights_at(self, step: int) -> torch.Tensor | None:
+        """The sampling weights recorded at optimizer ``step`` (fixed ones: whatever the step), None if unknown."""
+        return self.history.get(0 if self.fixed else step)
+
     def state_dict(self) -> dict[str, Any]:
         return {"history": {str(step): weights.tolist() for step, weights in self.history.items()}}
 
@@ -156,6 +166,16 @@ class TaskSamplingSchedule:
         self._steps.fill_(-1)
         for step, weights in sorted((int(s), w) for s, w in state["history"].items()):
             self.publish(step, weights)
+
+
+def refuse_learned_sampler(strategy: Weighting) -> None:
+    """Refuse a strategy whose weights are learned through the weighted objective, which sampling replaces."""
+    if strategy.parameters() or strategy.needs_grad_norms:
+        raise ValueError(
+            f"{type(strategy).__name__} cannot drive task sampling: its weights are learned through the weighted "
+            "objective, which task sampling replaces; use a loss-driven strategy (minimax, hardmax, group_dro, dwa, "
+            "morbit, average)"
+        )
 
 
 class TaskSamplingWeighting(ProportionalWeighting):
@@ -169,12 +189,7 @@ class TaskSamplingWeighting(ProportionalWeighting):
     """
 
     def __init__(self, sampler: Weighting, schedule: TaskSamplingSchedule) -> None:
-        if sampler.parameters() or sampler.needs_grad_norms:
-            raise ValueError(
-                f"{type(sampler).__name__} cannot drive task sampling: its weights are learned through the weighted "
-                "objective, and with task sampling the objective is the plain mean; use a loss-driven strategy "
-                "(minimax, hardmax, group_dro, dwa, morbit, average)"
-            )
+        refuse_learned_sampler(sampler)
         if sampler.num_tasks != schedule.num_tasks:
             raise ValueError(f"sampler has {sampler.num_tasks} tasks, the schedule {schedule.num_tasks}")
         super().__init__(sampler.num_tasks)
@@ -212,6 +227,70 @@ class TaskSamplingWeighting(ProportionalWeighting):
         self.schedule.load_state_dict(state["schedule"])
 
 
+class ImportanceWeighting(ProportionalWeighting):
+    """Objective of drawing tasks with fixed weights ``q`` toward the weights ``w`` of ``objective``: task t's mean
+    gets the weight ``(w_t / q_t) * N_t / N``, so the step minimises ``sum_t (w_t / q_t) S_t / N`` (each target's
+    loss times ``w_t / q_t``, the sum divided by the step's ``N`` targets; module docstring)."""
+
+    def __init__(self, objective: Weighting, sampling_weights: torch.Tensor | list[float]) -> None:
+        refuse_learned_sampler(objective)
+        q = torch.as_tensor(sampling_weights, dtype=torch.float64)
+        if q.shape != (objective.num_tasks,) or not bool(torch.isfinite(q).all()) or (q < 0).any() or q.sum() <= 0:
+            raise ValueError(f"sampling weights: {objective.num_tasks} finite values >= 0, not all 0, got {q.tolist()}")
+        super().__init__(objective.num_tasks)
+        self.objective, self.sampling_weights = objective, (q / q.sum()).float()
+
+    def weights(
+        self,
+        task_losses: torch.Tensor,
+        present: torch.Tensor,
+        observed: torch.Tensor | None = None,
+        grad_norms: torch.Tensor | None = None,
+        task_counts: torch.Tensor | None = None,
+        reference_losses: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        extra = {} if reference_losses is None else {"reference_losses": reference_losses}
+        target = self.objective.weights(task_losses, present, observed, task_counts=task_counts, **extra)
+        shares = super().weights(task_losses, present, observed, task_counts=task_counts)
+        q = self.sampling_weights
+        return torch.where(q > 0, target / q.clamp_min(torch.finfo(q.dtype).tiny), 0.0) * shares
+
+    def log_values(self) -> dict[str, float]:
+        return self.objective.log_values()
+
+    def options(self) -> dict[str, Any]:
+        """The objective's name and options, and the sampling weights."""
+        return {
+            "objective": type(self.objective).__name__,
+            "objective_options": self.objective.options(),
+            "sampling_weights": self.sampling_weights.tolist(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "objective": self.objective.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.objective.load_state_dict(state["objective"])
+
+
+class FixedWeighting(Weighting):
+    """Static task weights ``w`` (normalised over all tasks; an absent task gets 0, the others keep theirs): e.g. a
+    file's mixture as the objective of :class:`ImportanceWeighting`."""
+
+    loss_driven = False
+
+    def __init__(self, num_tasks: int, task_weights: list[float]) -> None:
+        w = torch.as_tensor(task_weights, dtype=torch.float32)
+        if w.shape != (num_tasks,) or not bool(torch.isfinite(w).all()) or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"task_weights: {num_tasks} finite values >= 0, not all 0, got {w.tolist()}")
+        super().__init__(num_tasks)
+        self.task_weights = w / w.sum()
+
+    def _weights(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        return torch.where(present, self.task_weights, 0.0)
+
+
 class TaskSamplingCallback(TrainerCallback):
     """Before each epoch's batches: the next batch is the first micro-batch of step ``global_step + 1``."""
 
@@ -225,23 +304,6 @@ class TaskSamplingCallback(TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.schedule.start_epoch(state.global_step + 1, args.gradient_accumulation_steps)
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        """Add the step's sampling weights (``task_sampling_weight/<task>``) to the training log entry just written;
-        its ``task_weight/<task>`` are the objective's weights (the tasks' shares of the step's targets). With more
-        tasks than ``max_logged_tasks`` (the trainer then logs a summary instead of per-task values) it adds the
-        effective number of sampling weights ``exp(H(w))`` instead (``task_sampling_weight_effective_number``)."""
-        weights = self.schedule.history.get(state.global_step)
-        if not (logs and "loss" in logs and weights is not None and state.log_history):
-            return
-        entry = state.log_history[-1]
-        if len(args.task_names) <= args.max_logged_tasks:
-            for name, weight in zip(args.task_names, weights.tolist(), strict=True):
-                entry[f"task_sampling_weight/{name}"] = round(weight, 6)
-        elif float(weights.sum()) > 0:
-            p = weights / weights.sum()
-            entropy = float(-(p * p.clamp_min(1e-300).log()).sum())
-            entry["task_sampling_weight_effective_number"] = round(math.exp(entropy), 4)
 
 
 def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -260,8 +322,11 @@ def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Ge
 
 __all__ = [
     "SAMPLING_LAG",
+    "FixedWeighting",
+    "ImportanceWeighting",
     "TaskSamplingCallback",
     "TaskSamplingSchedule",
     "TaskSamplingWeighting",
     "draw_tasks",
+    "refuse_learned_sampler",
 ]

@@ -25,6 +25,11 @@ With ``reference_model`` (DoReMi's online excess loss, :mod:`robust_pretrain.ref
 runs without gradient on each step's first micro-batch; its per-task loss sums on the same targets travel in that
 micro-batch's all-reduce, and their pooled means reach the weighting as the step's ``reference_losses``.
 
+The tasks come from the data: ``task_names`` of the arguments, else of the data collator, else of the model; lists
+that disagree are refused at construction. ``task_sampling`` (``online``, ``fixed``) draws each training sequence's
+task: the trainer builds the schedule of sampling weights, hands it to the data collator (``sample_tasks``) and logs
+the sampling weights (:mod:`robust_pretrain.task_sampling`).
+
 Resuming checks that the weighting is built with the options saved in the checkpoint (``ValueError`` naming those
 that differ). In a distributed run the default process group is destroyed at interpreter exit (gloo's worker threads
 otherwise abort the finished process: ``terminate called without an active exception``).
@@ -69,6 +74,7 @@ from .causal_lm_loss import ChunkedNextTokenLoss
 from .reference import ReferenceModel
 from .seeding import SetEpochCallback
 from .task_losses import TargetPositionsHead, TaskTargets, next_token_targets, per_target_losses, reduce_by_task
+from .task_sampling import ImportanceWeighting, TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
 from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
 
@@ -114,11 +120,14 @@ class MinimaxTrainer(Trainer):
                 "compute_loss_func: MinimaxTrainer computes one loss per task from `labels` and `task_ids`; "
                 "return per-task losses from the model as `task_losses` (and `task_counts`) instead"
             )
+        strategy = self.args.bind_tasks(self._data_task_names())
         self.task_names: list[str] = list(self.args.task_names)
         # compute_loss returns a loss for every batch (from `labels` + `task_ids` or the model's `task_losses`), so
         # prediction_step must call it even for a model whose forward has no `labels` or `return_loss` parameter.
         self.can_return_loss = True
-        self.weighting = (weighting or self.args.build_weighting()).to(self.args.device)
+        #: the sampling weights by step of ``task_sampling`` (None: batches as the data gives them)
+        self.task_schedule = self._sample_tasks() if self.args.task_sampling != "none" else None
+        self.weighting = self._sampling_objective(weighting or strategy).to(self.args.device)
         if self.weighting.num_tasks != self.num_tasks:
             raise ValueError(f"weighting has {self.weighting.num_tasks} tasks, task_names has {self.num_tasks}")
         #: next-token targets: the labels (and token-level task ids) are shifted as the model's own loss shifts them
@@ -162,6 +171,55 @@ class MinimaxTrainer(Trainer):
             self.add_callback(epoch_callback)
         self._warn_about_silent_fallbacks()
         register_process_group_teardown()
+
+    def _data_task_names(self) -> list[str]:
+        """The tasks: ``task_names`` of the arguments, of the data collator or of the model (its config's), refusing
+        two that disagree."""
+        model = extract_model_from_parallel(self.model, keep_torch_compile=False)
+        sources = {
+            "the arguments' task_names": self.args.task_names,
+            "the data collator's task_names": getattr(self.data_collator, "task_names", None),
+            "the model's task_names": getattr(model, "task_names", None)
+            or getattr(getattr(model, "config", None), "task_names", None),
+        }
+        given = [(where, list(names)) for where, names in sources.items() if names]
+        if not given:
+            raise ValueError(
+                "task_names: no task names found; give MinimaxTrainingArguments(task_names=[...]) or a data collator "
+                "with task_names (TaskGroupedMLMCollator, DomainCollator)"
+            )
+        (first, names), *others = given
+        for where, other in others:
+            if other != names:
+                raise ValueError(f"{first} {names} differ from {where} {other}")
+        return names
+
+    def _sample_tasks(self) -> TaskSamplingSchedule:
+        """``task_sampling``'s schedule, handed to the data collator, which draws each training sequence's task by it
+        (and may replace the training data, e.g. by :class:`~robust_pretrain.data.domains.DrawSlots`)."""
+        sample_tasks = getattr(self.data_collator, "sample_tasks", None)
+        if sample_tasks is None:
+            raise ValueError(
+                f"task_sampling={self.args.task_sampling!r}: the data collator ({type(self.data_collator).__name__}) "
+                "cannot draw tasks; use one with sample_tasks (DomainCollator, TaskGroupedMLMCollator with "
+                "mode='per_example')"
+            )
+        schedule = TaskSamplingSchedule(
+            self.num_tasks, self.args.gradient_accumulation_steps, fixed_weights=self.args.task_sampling_weights
+        )
+        if self.train_dataset is not None:
+            self.train_dataset = sample_tasks(schedule, self.train_dataset, self.args)
+        self.add_callback(TaskSamplingCallback(schedule))
+        return schedule
+
+    def _sampling_objective(self, strategy: Weighting) -> Weighting:
+        """The objective under ``task_sampling``: the strategy's own (none, fixed), the plain mean with the strategy
+        drawing (online), or the importance-weighted strategy (fixed with ``importance_weighting``)."""
+        if self.args.task_sampling == "online":
+            return TaskSamplingWeighting(strategy, self.task_schedule)
+        if self.args.importance_weighting:
+            return ImportanceWeighting(strategy, self.args.task_sampling_weights)
+        return strategy
 
     def _warn_about_silent_fallbacks(self) -> None:
         """Say so when Accelerate quietly runs something other than what was asked: on CPU, an FSDP config runs DDP and
@@ -505,6 +563,7 @@ class MinimaxTrainer(Trainer):
             else:
                 logs.update(self._task_summary(sums, counts))
                 self._write_task_metrics(sums, counts)
+            logs.update(self._sampling_logs())
             logs.update(self.weighting.log_values())  # e.g. minimax_alpha
         super().log(logs, start_time)
 
@@ -517,6 +576,20 @@ class MinimaxTrainer(Trainer):
         logs = {key: round(loss, 6) for key, loss, n in zip(loss_keys, losses, counts.tolist(), strict=True) if n > 0}
         logs.update(zip(weight_keys, (round(w, 6) for w in self.step_weights.tolist()), strict=True))
         return logs
+
+    def _sampling_logs(self) -> dict[str, float]:
+        """With ``task_sampling``: the step's sampling weights (normalised), ``task_sampling_weight/<name>``
+        (``task_weight/<name>`` are the objective's), or beyond ``max_logged_tasks`` their effective number
+        ``exp(H)`` (``task_sampling_weight_effective_number``)."""
+        weights = None if self.task_schedule is None else self.task_schedule.weights_at(self.state.global_step)
+        if weights is None:
+            return {}
+        p = weights / weights.sum()
+        if self.num_tasks <= self.args.max_logged_tasks:
+            keys = (f"task_sampling_weight/{name}" for name in self.task_names)
+            return dict(zip(keys, (round(w, 6) for w in p.tolist()), strict=True))
+        entropy = float(-(p * p.clamp_min(1e-300).log()).sum())
+        return {"task_sampling_weight_effective_number": round(math.exp(entropy), 4)}
 
     def _task_summary(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, Any]:
         """The compact log of a run with more than ``max_logged_tasks`` tasks: ``worst_task`` (name),

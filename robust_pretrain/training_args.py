@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,7 @@ TRAINING_ARGUMENTS_ACCEPTED = {
 }
 declare_inherited(TrainingArguments, TRAINING_ARGUMENTS_ACCEPTED)
 _WEIGHTING_DEFAULTS = declared_defaults(WeightingArguments)
+TASK_SAMPLING_MODES = ("none", "online", "fixed")
 
 
 @dataclass
@@ -72,10 +74,18 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
 
     Task weights are recomputed once per optimizer step from the first micro-batch of the step (all processes'
     targets pooled); with ``gradient_accumulation_steps=1`` that is the paper's current-batch rule.
+
+    The tasks come from the data: ``MinimaxTrainer`` takes ``task_names`` from its data collator (or model) when they
+    are not given here, and the checks that need the number of tasks T run there (:meth:`bind_tasks`); the others run
+    at construction.
     """
 
     task_names: list[str] = field(
-        default_factory=list, metadata={"help": "Names of the T upstream tasks, in task-id order (required)."}
+        default_factory=list,
+        metadata={
+            "help": "Names of the T tasks, in task-id order (default: the data collator's task_names, else the "
+            "model's)."
+        },
     )
     weighting: str = option("minimax", "Task-weighting strategy.", choices=list(WEIGHTINGS))
     gradnorm_shared_module: str | None = field(
@@ -111,6 +121,29 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         minimum=0,
     )
 
+    task_sampling: str = option(
+        "none",
+        "'none': batches as the data gives them, the objective the strategy's weights on the task means; 'online': "
+        "each training sequence's task drawn from the strategy's current weights (batches of step s use those of "
+        "step s-2), the objective the plain mean over the drawn targets; 'fixed': drawn from task_sampling_weights, "
+        "the objective the strategy's (see importance_weighting). The data collator must accept a schedule "
+        "(DomainCollator, TaskGroupedMLMCollator with mode='per_example'); see robust_pretrain.task_sampling.",
+        choices=TASK_SAMPLING_MODES,
+    )
+    task_sampling_weights: list[float] | None = option(
+        None,
+        "task_sampling='fixed': the sampling weight q_t of each task (not all 0; normalised); needed by the time the "
+        "trainer is built (a recipe may set them from a file).",
+        minimum=0,
+    )
+    importance_weighting: bool = option(
+        False,
+        "task_sampling='fixed': multiply each target's loss by w_t / q_t (w: the strategy's weights, q: the sampling "
+        "weights) and divide the step's sum by its number of targets, so that the expected gradient is that of "
+        "sum_t w_t L_t whatever q is (exactly when every sequence has one task and as many targets: packed domains; "
+        "NeMo AutoModel's domain_mixture); without it the strategy weighs the drawn batch's task means.",
+    )
+
     reference_run: str | None = option(
         None,
         "loss_normalization='excess': take the reference losses from this finished run's task_report.json (its "
@@ -132,11 +165,9 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         check_options(self)
         use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
-        if not self.task_names:
-            raise ValueError("task_names: give the names of the upstream tasks, e.g. ['verb', 'noun', ...]")
         if len(set(self.task_names)) != len(self.task_names):
             raise ValueError(f"task_names: names must be unique, got {self.task_names}")
-        self._resolve_reference()
+        self._check_reference()
         accepted = accepted_options(self.weighting)
         ignored = [
             name for name, unset in _WEIGHTING_DEFAULTS.items() if name not in accepted and getattr(self, name) != unset
@@ -145,12 +176,62 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"{', '.join(ignored)}: not used by weighting={self.weighting!r}")
         if self.gradnorm_shared_module is not None and self.weighting != "gradnorm":
             raise ValueError(f"gradnorm_shared_module: not used by weighting={self.weighting!r}")
-        # Fail now, naming the field, rather than when the trainer builds the strategy.
-        self.build_weighting()
+        if self.task_names:
+            strategy = self.bind_tasks(self.task_names)
+        else:  # the strategy's checks that do not depend on T, for a stand-in number of tasks
+            stand_in = len(self.reference_losses or self.task_sampling_weights or [None])
+            options = self.weighting_options()
+            if self.reference_run is not None:  # its losses are read for the tasks
+                options["reference_losses"] = [0.0] * stand_in
+            strategy = build_weighting(self.weighting, stand_in, **options)
+        self._check_sampling(strategy)
 
-    def _resolve_reference(self) -> None:
-        """Check the reference options; ``reference_run`` fills ``reference_losses`` (in task order)."""
+    def bind_tasks(self, task_names: Sequence[str]) -> Weighting:
+        """The checks that need the tasks (``MinimaxTrainer`` calls this with the data's tasks): set ``task_names``
+        (refusing another list), take ``reference_run``'s losses for them and build the strategy for them (refusing
+        ``reference_losses`` or ``task_sampling_weights`` of another length); the strategy is returned."""
+        names = list(task_names)
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"task_names: give distinct names of one or more tasks, got {names}")
+        if self.task_names and list(self.task_names) != names:
+            raise ValueError(f"task_names {list(self.task_names)} differ from the data's tasks {names}")
+        if self.task_sampling == "fixed" and self.task_sampling_weights is None:
+            raise ValueError("task_sampling='fixed' draws from task_sampling_weights: give one per task")
+        if self.task_sampling_weights is not None and len(self.task_sampling_weights) != len(names):
+            raise ValueError(
+                f"task_sampling_weights: one weight per task ({len(names)}: {names}), got {self.task_sampling_weights}"
+            )
+        if self.reference_run is not None and self.reference_losses is None:
+            self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(names)
+        self.task_names = names
+        return self.build_weighting()
+
+    def _check_sampling(self, strategy: Weighting) -> None:
+        """The task-sampling options, with ``strategy`` built from these arguments."""
+        weights = self.task_sampling_weights
+        if weights is not None and self.task_sampling != "fixed":
+            raise ValueError("task_sampling_weights: the weights of task_sampling='fixed', and only of it")
+        if weights is not None and not sum(weights) > 0:
+            raise ValueError(f"task_sampling_weights: not all 0, got {weights}")
+        if self.importance_weighting and self.task_sampling != "fixed":
+            raise ValueError("importance_weighting: corrects the draws of task_sampling='fixed', and only those")
+        if self.task_sampling == "online" and self.reference_model is not None:
+            raise ValueError("task_sampling='online' minimises the plain mean: it cannot use reference_model")
+        learned = bool(strategy.parameters()) or strategy.needs_grad_norms
+        if learned and (self.task_sampling == "online" or self.importance_weighting):
+            raise ValueError(
+                f"weighting={self.weighting!r} cannot drive task sampling: its weights are learned through the "
+                "weighted objective, which sampling replaces; use a loss-driven strategy (minimax, hardmax, "
+                "group_dro, dwa, morbit, average)"
+            )
+
+    def _check_reference(self) -> None:
+        """Check the reference options (:meth:`bind_tasks` takes ``reference_run``'s losses for the tasks)."""
         given = [name for name in ("reference_run", "reference_model") if getattr(self, name) is not None]
+        if not given and self.loss_normalization == "excess" and self.reference_losses is None:
+            raise ValueError(
+                "loss_normalization='excess' needs a reference: reference_losses, reference_run or reference_model"
+            )
         if not given:
             return
         if len(given) > 1:
@@ -171,7 +252,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         if self.reference_model is not None:
             check_checkpoint(self.reference_model, "--reference_model")
         else:
-            self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(self.task_names)
+            ReferenceRun.load(self.reference_run)
 
     def weighting_options(self) -> dict:
         """The options of the chosen strategy, read from this object's fields."""
@@ -179,5 +260,5 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         return {name: getattr(self, name) for name in _WEIGHTING_DEFAULTS if name in accepted}
 
     def build_weighting(self) -> Weighting:
-        """Instantiate the configured strategy for ``len(task_names)`` tasks."""
+        """Instantiate the configured strategy for ``len(task_names)`` tasks (see :meth:`bind_tasks`)."""
         return build_weighting(self.weighting, len(self.task_names), **self.weighting_options())

@@ -130,7 +130,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("pos-mlm", ["--masking", "foo"], ["--masking", "invalid choice: 'foo'"]),
     ("pos-mlm", ["--model_size", "huge"], ["--model_size", "invalid choice: 'huge'"]),
     ("pos-mlm", ["--weighting", "best"], ["--weighting", "invalid choice: 'best'"]),
-    ("pos-mlm", ["--task_sampling", "weights"], ["--task_sampling weights", "--masking per_example"]),
+    ("pos-mlm", ["--task_sampling", "online"], ["--task_sampling online", "--masking per_example"]),
     ("pos-mlm", ["--alpha", "inf"], ["--alpha must be a finite number > 0, got inf"]),
     ("pos-mlm", ["--alpha", "-1"], ["--alpha must be > 0"]),
     ("pos-mlm", ["--alpha", "nan"], ["--alpha must be a finite number"]),
@@ -171,9 +171,9 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("pos-mlm", ["--reference_mismatch_ok", "vocabulary"], ["--reference_mismatch_ok", "invalid choice"]),
     (
         "pos-mlm",
-        ["--masking", "per_example", "--task_sampling", "weights", "--weighting", "minimax"]
+        ["--masking", "per_example", "--task_sampling", "online", "--weighting", "minimax"]
         + ["--loss_normalization", "excess", "--reference_model", "{mmae}"],
-        ["--task_sampling weights", "cannot use --reference_model"],
+        ["task_sampling='online' minimises the plain mean: it cannot use reference_model"],
     ),
     ("multimae", ["--loss_normalization", "excess", "--reference_run", "{tmp}"], ["{tmp}: no task_report.json"]),
     ("pos-mlm", ["--weighting", "group_dro", "--dro_step_size", "0"], ["--dro_step_size must be > 0"]),
@@ -245,7 +245,11 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("compare", ["--seeds", "-1"], ["--seeds must be >= 0"]),
     ("compare", ["--reference_run", "{tmp}"], ["--reference_run {tmp}: no task_report.json"]),
     ("compare", ["--reference_run", "{tmp}/gone"], ["--reference_run {tmp}/gone: no such directory"]),
-    ("compare", ["--", "--reference_run", "{tmp}/gone"], ["--reference_run (of every run) {tmp}/gone: no such"]),
+    (
+        "compare",
+        ["--", "--reference_run", "{tmp}/gone"],
+        ["the options of every run: --reference_run {tmp}/gone: no such"],
+    ),
     (
         "compare",
         ["--reference_run", "{tmp}/reference"],
@@ -318,14 +322,20 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("causal-lm", ["--model_name_or_path", "{mmae}"], ["(multimae", "is not a causal LM"]),
     (
         "causal-lm",
-        ["--domain_sampling", "online", "--domain_weights", "{tmp}/weights.json"],
-        ["--domain_weights draws from fixed weights: it excludes --domain_sampling online"],
+        ["--task_sampling", "online", "--domain_weights", "{tmp}/weights.json"],
+        ["--domain_weights are the fixed sampling weights: they exclude --task_sampling online"],
     ),  # fmt: skip
     (
         "causal-lm",
-        ["--domain_sampling", "online", "--weighting", "uncertainty"],
-        ["--domain_sampling online with --weighting uncertainty", "cannot drive task sampling"],
+        ["--task_sampling", "online", "--weighting", "uncertainty"],
+        ["weighting='uncertainty' cannot drive task sampling"],
     ),  # fmt: skip
+    (
+        "causal-lm",
+        ["--objective_weights", "{tmp}/weights.json"],
+        ["--objective_weights are the objective of importance weighting: add --task_sampling fixed"],
+    ),  # fmt: skip
+    ("causal-lm", ["--importance_weighting", "true"], ["importance_weighting: corrects the draws of task_sampling="]),
     ("causal-lm", ["--max_seq_length", "1"], ["--max_seq_length must be in [2, 8192]"]),
     ("causal-lm", ["--streaming", "true"], ["--streaming reads --domain_files (one stream per domain)"]),
     (

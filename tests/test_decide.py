@@ -146,7 +146,7 @@ def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
     assert uniform == pytest.approx(dict.fromkeys(DOMAINS, 1 / 3))
     dro = by_cell["cells/group_dro/seed-1"][1]
     assert dro[dro.index("--reference_losses") + 1 : dro.index("--reference_losses") + 4] == ["3.0", "3.1", "5.1"]
-    assert dro[-2:] == ["--domain_sampling", "online"]
+    assert dro[-2:] == ["--task_sampling", "online"]
     # minimax gains 0.2 + 0.05 (seed % 3) nats on the worst domain: 0.25, 0.3, 0.2 -> helps; the others do not move
     assert summary["arms"]["minimax"]["verdict"] == HELPS
     assert summary["arms"]["stratified"]["verdict"] == INCONCLUSIVE  # identical to natural: no spread

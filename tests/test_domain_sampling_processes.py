@@ -26,7 +26,7 @@ def _command(tmp_path: Path, output: str, batch_size: int, *extra: str) -> list[
     return [
         str(RECIPE),
         "--domain_files", *write_domain_files(tmp_path, texts_per_domain=30),
-        "--domain_sampling", "online",
+        "--task_sampling", "online",
         "--weighting", "minimax", "--alpha", "4",
         "--vocab_size", "400",
         "--max_seq_length", "32",

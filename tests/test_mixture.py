@@ -31,10 +31,9 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.cli import UsageError
-from robust_pretrain.data.domains import DomainCollator, DrawSlots
+from robust_pretrain.data.domains import DomainCollator
 from robust_pretrain.pretraining import mixture
-from robust_pretrain.pretraining.causal_lm import WeightAverageCallback, read_domain_weights
-from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule
+from robust_pretrain.pretraining.causal_lm import WeightAverageCallback, read_domain_weights, sample_from_file
 
 K, LENGTH, NATURAL = 8, 9, (0.2, 0.8)
 DOMAINS = ["rare", "common"]
@@ -72,23 +71,20 @@ def toy_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
     )
     file = rest[rest.index("--domain_weights") + 1] if "--domain_weights" in rest else None
     train, held_out = toy_sequences(500, seed=0), toy_sequences(500, seed=1)
-    schedule = None
     if file is not None:
-        weights, _ = read_domain_weights(file, DOMAINS)
-        schedule = TaskSamplingSchedule(2, fixed_weights=weights)
-    collator = DomainCollator(0, schedule, train if schedule else None, seed=args.seed,
-                              rows_per_process=args.per_device_train_batch_size)  # fmt: skip
-    averages, shares = WeightAverageCallback(schedule), WeightAverageCallback(None)  # shares: the objective's N_t / N
+        sample_from_file(args, read_domain_weights(file, DOMAINS)[0])
+    # drawn from fixed weights (or not drawn), the averaged weights are the objective's N_t / N: the drawn shares
+    averages = WeightAverageCallback()
     model = UnigramLM()
     trainer = MinimaxTrainer(
         model=model,
         args=args,
-        train_dataset=DrawSlots(len(train)) if schedule else train,
+        train_dataset=train,
         eval_dataset=held_out,
-        data_collator=collator,
-        callbacks=[averages, shares, *([TaskSamplingCallback(schedule)] if schedule else [])],
+        data_collator=DomainCollator(0, task_names=DOMAINS),
+        callbacks=[averages],
     )
-    averages.trainer = shares.trainer = trainer
+    averages.trainer = trainer
     trainer.train()
     metrics = trainer.evaluate()
     mass = torch.softmax(model.logits.detach(), 0).view(2, K).sum(1).tolist()
@@ -100,7 +96,7 @@ def toy_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
         "provenance": TOY_PROVENANCE,
         "train_steps": trainer.state.global_step,
         "model_mass": dict(zip(DOMAINS, mass, strict=True)),
-        "drawn_shares": dict(zip(DOMAINS, shares.average(), strict=True)),
+        "drawn_shares": dict(zip(DOMAINS, averages.average(), strict=True)),
     }
     (stage_dir / "task_report.json").write_text(json.dumps(report))  # the Trainer created stage_dir
     return report

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -95,12 +96,19 @@ def _sequences(counts: list[int]):
     return Dataset.from_dict({"input_ids": [[100 * d + i, 7] for d, i in rows], "task_ids": [d for d, _ in rows]})
 
 
+def _drawing(weights, sequences, seed: int = 0, rows: int = 1, rank: int = 0, processes: int = 1) -> DomainCollator:
+    """A DomainCollator drawing from ``sequences`` by fixed ``weights``, as ``MinimaxTrainer`` hands it the schedule."""
+    collator = DomainCollator(0, task_names=[str(d) for d in range(len(weights))])
+    placement = SimpleNamespace(seed=seed, per_device_train_batch_size=rows, process_index=rank, world_size=processes)
+    collator.sample_tasks(TaskSamplingSchedule(len(weights), fixed_weights=weights), sequences, placement)
+    return collator
+
+
 def test_drawn_domains_follow_the_weights_and_every_process_draws_its_rows_of_one_global_draw():
     weights = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
     sequences = _sequences([5, 7, 3])
     collators = [
-        DomainCollator(0, TaskSamplingSchedule(3, fixed_weights=weights), sequences, seed=9, rows_per_process=4,
-                       process_index=rank, num_processes=2)
+        _drawing(weights, sequences, seed=9, rows=4, rank=rank, processes=2)
         for rank in (0, 1)
     ]  # fmt: skip
     drawn = torch.zeros(3)
@@ -108,9 +116,7 @@ def test_drawn_domains_follow_the_weights_and_every_process_draws_its_rows_of_on
         batches = [collator([{}] * 4) for collator in collators]
         both = torch.cat([batch["input_ids"][:, 0] for batch in batches])
         # the same global draw, whoever computes it: a single process with 8 rows draws exactly these rows
-        single = DomainCollator(
-            0, TaskSamplingSchedule(3, fixed_weights=weights), sequences, seed=9, rows_per_process=8
-        )
+        single = _drawing(weights, sequences, seed=9, rows=8)
         single.schedule.start_epoch(step, 1)
         assert torch.equal(single([{}] * 8)["input_ids"][:, 0], both)
         for batch in batches:
@@ -129,8 +135,7 @@ def test_the_draw_of_a_step_depends_on_the_seed_step_and_micro_batch_only():
     weights = torch.tensor([0.5, 0.5])
 
     def rows(start_step: int, accumulation: int, batches: int) -> list[list[int]]:
-        collator = DomainCollator(0, TaskSamplingSchedule(2, fixed_weights=weights), sequences, seed=3,
-                                  rows_per_process=3)  # fmt: skip
+        collator = _drawing(weights, sequences, seed=3, rows=3)
         collator.schedule.start_epoch(start_step, accumulation)
         return [collator([{}] * 3)["input_ids"][:, 0].tolist() for _ in range(batches)]
 
@@ -139,7 +144,7 @@ def test_the_draw_of_a_step_depends_on_the_seed_step_and_micro_batch_only():
 
 
 def test_held_out_batches_are_padded_not_drawn():
-    collator = DomainCollator(0, TaskSamplingSchedule(2, fixed_weights=[1.0, 0.0]), _sequences([2, 2]))
+    collator = _drawing([1.0, 0.0], _sequences([2, 2]))
     batch = collator([{"input_ids": [5, 6, 7], "task_ids": 1}, {"input_ids": [8], "task_ids": 0}])
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
@@ -186,7 +191,7 @@ def test_recipe_reports_each_domain_and_its_model_generates(tmp_path):
 
 @pytest.mark.slow
 def test_online_sampling_averages_the_strategy_weights_and_logs_its_alpha(tmp_path):
-    causal_lm.run(recipe_argv(tmp_path, "online", "--domain_sampling", "online", "--alpha_auto_k", "2"))
+    causal_lm.run(recipe_argv(tmp_path, "online", "--task_sampling", "online", "--alpha_auto_k", "2"))
     output = tmp_path / "online"
     state = json.loads((output / "trainer_state.json").read_text())
     logs = [entry for entry in state["log_history"] if "loss" in entry]
@@ -202,11 +207,31 @@ def test_online_sampling_averages_the_strategy_weights_and_logs_its_alpha(tmp_pa
 
 @pytest.mark.slow
 def test_sampling_weights_are_summarised_beyond_max_logged_tasks(tmp_path):
-    causal_lm.run(recipe_argv(tmp_path, "many", "--domain_sampling", "online", "--max_logged_tasks", "2"))
+    causal_lm.run(recipe_argv(tmp_path, "many", "--task_sampling", "online", "--max_logged_tasks", "2"))
     state = json.loads((tmp_path / "many" / "trainer_state.json").read_text())
     logs = [entry for entry in state["log_history"] if "loss" in entry]
     assert not any(key.startswith("task_sampling_weight/") for entry in logs for key in entry)
     assert all(1.0 <= entry["task_sampling_weight_effective_number"] <= 3.0 for entry in logs)
+
+
+@pytest.mark.slow
+def test_importance_weighting_draws_from_one_file_toward_the_other(tmp_path):
+    """--domain_weights q (drawn), --objective_weights w (minimised in expectation): the logged objective weights are
+    (w_d / q_d) N_d / N, N_d the step's targets of domain d, and the sampling weights are q."""
+    q, w = {"answers": 0.2, "email": 0.3, "reviews": 0.5}, {"answers": 0.6, "email": 0.3, "reviews": 0.1}
+    for name, weights in (("q.json", q), ("w.json", w)):
+        (tmp_path / name).write_text(json.dumps({"weights": weights}))
+    files = ["--domain_weights", str(tmp_path / "q.json"), "--objective_weights", str(tmp_path / "w.json")]
+    causal_lm.run(recipe_argv(tmp_path, "corrected", *files, "--task_sampling", "fixed", "--importance_weighting", "1"))
+    output = tmp_path / "corrected"
+    logs = [e for e in json.loads((output / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    assert len(logs) == 6
+    for entry in logs:
+        assert [entry[f"task_sampling_weight/{name}"] for name in DOMAINS] == pytest.approx(list(q.values()))
+        ratio = sum(entry[f"task_weight/{name}"] * q[name] / w[name] for name in DOMAINS)  # sum_d N_d / N
+        assert ratio == pytest.approx(1.0, abs=1e-5)
+    options = json.loads((output / "weighting_state.json").read_text())["options"]
+    assert options["objective"] == "FixedWeighting" and options["sampling_weights"] == pytest.approx(list(q.values()))
 
 
 @pytest.mark.slow

@@ -419,14 +419,10 @@ def test_compare_picks_the_recipe_of_the_config(tmp_path: Path) -> None:
         compare.recipe_for_config({"mlm_probability": 0.1, "num_visible_tokens": 8})
 
 
-def test_peek_option_reads_the_command_line_then_the_config(tmp_path: Path) -> None:
-    """The modalities (and pos_mlm's task spec) are known before the full parse: command line first, then config."""
-    from robust_pretrain.pretraining.common import peek_option
+def test_the_modalities_are_the_option_else_all_three() -> None:
+    """The tasks of an MM-MAE run, known after the parse (the recipe peeks at no option before it)."""
+    from robust_pretrain.pretraining.multimae import MODALITIES, ModelArguments, resolve_modalities
 
-    config = tmp_path / "run.yaml"
-    config.write_text("modalities: [rgb, depth]\ntask_spec: spec.yaml\n")
-    assert peek_option(["--config", str(config)], "modalities", nargs="+") == ["rgb", "depth"]
-    assert peek_option(["--config", str(config), "--modalities", "semseg"], "modalities", nargs="+") == ["semseg"]
-    assert peek_option(["--task_spec", "other.yaml", "--config", str(config)], "task_spec") == "other.yaml"
-    assert peek_option(["--config", str(config)], "task_spec") == "spec.yaml"
-    assert peek_option(["--max_steps", "3"], "task_spec") is None
+    chosen = ModelArguments(modalities=["rgb", "depth"])
+    assert resolve_modalities(chosen) == ["rgb", "depth"] == chosen.modalities
+    assert resolve_modalities(ModelArguments()) == list(MODALITIES)

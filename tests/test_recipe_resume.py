@@ -22,7 +22,7 @@ MAX_STEPS = 30
 STEPS_PER_EPOCH = 3  # 24 training blocks, batches of 8: the run spans 10 epochs
 
 
-TASK_SAMPLING = ["--masking", "per_example", "--task_sampling", "weights", "--weighting", "minimax"]
+TASK_SAMPLING = ["--masking", "per_example", "--task_sampling", "online", "--weighting", "minimax"]
 
 
 def _command(train_file: Path, output_dir: Path, extra: list[str]) -> list[str]:

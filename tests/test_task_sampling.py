@@ -24,6 +24,7 @@ from scipy.stats import chi2
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
+from robust_pretrain import trainer as trainer_module
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec
 from robust_pretrain.task_sampling import (
     SAMPLING_LAG,
@@ -187,12 +188,13 @@ class RecordingSchedule(TaskSamplingSchedule):
 def train_with_sampling(
     output_dir: str, batch_size: int, accumulation: int, max_steps: int, workers: int = 0, persistent_workers=False
 ):
-    """MinimaxTrainer, minimax (alpha 1) sampling weights, plain-mean objective; the trainer and the schedule."""
+    """MinimaxTrainer with ``task_sampling="online"``: minimax (alpha 1) sampling weights, plain-mean objective, the
+    tasks and the schedule wired by the trainer (its schedule records what it publishes and serves); the trainer."""
     tokenizer = _tokenizer()
     args = MinimaxTrainingArguments(
         output_dir=output_dir,
-        task_names=TASK_NAMES,
         weighting="minimax",
+        task_sampling="online",
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=accumulation,
         max_steps=max_steps,
@@ -206,20 +208,22 @@ def train_with_sampling(
         dataloader_num_workers=workers,
         dataloader_persistent_workers=persistent_workers and workers > 0,
     )
-    schedule = RecordingSchedule(NUM_TASKS)
-    collator = RecordingCollator(
-        tokenizer, mode="per_example", mlm_probability=0.3, seed=args.seed + args.process_index, task_schedule=schedule
-    )
-    trainer = MinimaxTrainer(
-        model=_tiny_mlm(len(tokenizer)),
-        args=args,
-        data_collator=collator,
-        train_dataset=Dataset.from_list(_training_rows(64)),
-        weighting=TaskSamplingWeighting(args.build_weighting(), schedule),
-        callbacks=[TaskSamplingCallback(schedule)],
-    )
+    seed = args.seed + args.process_index
+    collator = RecordingCollator(tokenizer, mode="per_example", mlm_probability=0.3, seed=seed)
+    built = trainer_module.TaskSamplingSchedule
+    trainer_module.TaskSamplingSchedule = RecordingSchedule
+    try:
+        trainer = MinimaxTrainer(
+            model=_tiny_mlm(len(tokenizer)),
+            args=args,
+            data_collator=collator,
+            train_dataset=Dataset.from_list(_training_rows(64)),
+        )
+    finally:
+        trainer_module.TaskSamplingSchedule = built
+    assert isinstance(trainer.task_schedule, RecordingSchedule) and collator.task_schedule is trainer.task_schedule
     trainer.train()
-    return trainer, schedule
+    return trainer
 
 
 def _uniform() -> list[float]:
@@ -237,7 +241,9 @@ def test_sampling_options_are_json_and_name_the_sampler():
 
 
 def test_trainer_samples_with_minimax_weights_and_minimises_the_plain_mean(tmp_path):
-    trainer, schedule = train_with_sampling(str(tmp_path), batch_size=8, accumulation=1, max_steps=5)
+    trainer = train_with_sampling(str(tmp_path), batch_size=8, accumulation=1, max_steps=5)
+    schedule = trainer.task_schedule
+    assert trainer.task_names == TASK_NAMES  # the collator's (its task spec's)
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(steps) == 5
     # sampling weights of each step: softmax(alpha=1 * estimates), estimates = the step's task losses where the step
@@ -273,7 +279,7 @@ def test_dataloader_workers_draw_as_the_main_process(tmp_path, workers, persiste
     each epoch's iterator except with persistent workers, so the Trainer's shuffling differs from 0 workers there."""
     runs = [
         train_with_sampling(str(tmp_path / str(count)), batch_size=8, accumulation=2, max_steps=12,
-                            workers=count, persistent_workers=persistent)[0]
+                            workers=count, persistent_workers=persistent)
         for count in workers
     ]  # fmt: skip
     logs = [[entry for entry in trainer.state.log_history if "loss" in entry] for trainer in runs]
@@ -328,10 +334,10 @@ def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--task_sampling", "weights"], "--task_sampling weights draws one task per sequence: it needs --masking"),
+        (["--task_sampling", "online"], "--task_sampling online draws one task per sequence: it needs --masking"),
         (
-            ["--masking", "per_example", "--task_sampling", "weights", "--weighting", "uncertainty"],
-            "--task_sampling weights with --weighting uncertainty: UncertaintyWeighting cannot drive task sampling",
+            ["--masking", "per_example", "--task_sampling", "online", "--weighting", "uncertainty"],
+            "invalid options: weighting='uncertainty' cannot drive task sampling",
         ),
     ],
 )
@@ -344,7 +350,7 @@ def test_recipe_refuses_sampling_settings_it_cannot_honour(tmp_path, capsys, opt
 
 
 if __name__ == "__main__":  # one process of the 2-process job
-    _, job_schedule = train_with_sampling(sys.argv[1], batch_size=4, accumulation=2, max_steps=4)
+    job_schedule = train_with_sampling(sys.argv[1], batch_size=4, accumulation=2, max_steps=4).task_schedule
     rank = int(os.environ["RANK"])
     with open(Path(sys.argv[1]) / f"rank{rank}.json", "w") as stream:
         json.dump({"published": job_schedule.published, "batches": job_schedule.batches}, stream)
@@ -360,3 +366,102 @@ def test_fixed_weights_serve_every_step_and_name_each_batch_micro_batch():
     assert all(weights.tolist() == [0.5, 0.3, 0.2] for _, _, weights in batches)
     with pytest.raises(ValueError, match="the sampling weights are fixed"):
         schedule.publish(1, [1.0, 0.0, 0.0])
+
+
+def _draw_enumeration_trainer(tmp_path, q: list[float], w: list[float]) -> tuple[MinimaxTrainer, Dataset]:
+    """A tiny GPT-2 trained with domains drawn from ``q`` toward the static objective ``w`` (importance weighting);
+    the packed toy sequences: 2 of domain a, 1 of domain b, every one 6 tokens (5 next-token targets)."""
+    from tiny_causal_lm import tiny_gpt2
+
+    from robust_pretrain.data.domains import DomainCollator
+    from robust_pretrain.task_sampling import FixedWeighting
+
+    sequences = Dataset.from_dict(
+        {"input_ids": [[5, 9, 3, 7, 1, 2], [4, 4, 8, 6, 2, 9], [11, 3, 3, 12, 30, 1]], "task_ids": [0, 0, 1]}
+    )
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path),
+        task_sampling="fixed",
+        task_sampling_weights=q,
+        importance_weighting=True,
+        weighting="average",
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = MinimaxTrainer(
+        model=tiny_gpt2().double(),
+        args=args,
+        train_dataset=sequences,
+        data_collator=DomainCollator(0, task_names=["a", "b"]),
+        weighting=FixedWeighting(2, w),
+    )
+    return trainer, sequences
+
+
+def _every_draw(sequences: Dataset, q: list[float], rows: int) -> list[tuple[float, list[int]]]:
+    """Every draw of ``rows`` rows (a domain with probability q_d, then one of its sequences uniformly), with its
+    probability."""
+    domains = sequences["task_ids"]
+    one_row = [(q[d] / domains.count(d), [i]) for i, d in enumerate(domains)]
+    draws = [(1.0, [])]
+    for _ in range(rows):
+        draws = [(p * p_row, picked + row) for p, picked in draws for p_row, row in one_row]
+    return draws
+
+
+def _step_gradient(trainer: MinimaxTrainer, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The loss and gradient of one optimizer step's objective on ``batch``, through the trainer's hooks."""
+    trainer.model.zero_grad()
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([batch]), 1, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer.compute_loss(trainer.model, dict(samples[0]))
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()]
+
+
+def test_importance_weighting_gives_the_w_weighted_gradient_in_expectation(tmp_path):
+    """Domains drawn with q = (0.8, 0.2), objective w = (0.3, 0.7): the probability-weighted sum of the step gradients
+    over every possible draw of a 2-row batch (9 draws) is the gradient of w_a L_a + w_b L_b, L_d the mean over
+    domain d's sequences of their mean next-token loss (computed here with the model's own loss)."""
+    q, w = [0.8, 0.2], [0.3, 0.7]
+    trainer, sequences = _draw_enumeration_trainer(tmp_path, q, w)
+    draws = _every_draw(sequences, q, rows=2)
+    assert len(draws) == 9 and math.isclose(sum(p for p, _ in draws), 1.0)
+    expected_gradient = 0.0
+    for probability, picked in draws:
+        _, gradient = _step_gradient(trainer, trainer.data_collator.pad([sequences[i] for i in picked]))
+        expected_gradient = expected_gradient + probability * torch.cat([g.flatten() for g in gradient])
+    model = trainer.model
+    model.zero_grad()
+    domain_losses = [[], []]
+    for row in sequences:
+        ids = torch.tensor([row["input_ids"]])
+        domain_losses[row["task_ids"]].append(model(input_ids=ids, labels=ids).loss)
+    objective = sum(weight * torch.stack(losses).mean() for weight, losses in zip(w, domain_losses, strict=True))
+    objective.backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert float((expected_gradient - want).norm() / want.norm()) < 1e-6  # the task weights are float32
+    assert trainer.task_schedule.fixed and trainer.task_schedule.weights_at(5).tolist() == pytest.approx(q)
+
+
+def test_importance_weighting_with_w_equal_to_q_is_the_plain_step(tmp_path):
+    """w = q: every draw's loss is the plain mean over its targets (the model's own loss on the batch)."""
+    q = [0.8, 0.2]
+    trainer, sequences = _draw_enumeration_trainer(tmp_path, q, q)
+    for _, picked in _every_draw(sequences, q, rows=2):
+        batch = trainer.data_collator.pad([sequences[i] for i in picked])
+        loss, _ = _step_gradient(trainer, batch)
+        plain = trainer.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        assert loss.item() == pytest.approx(plain.item(), rel=1e-6)  # the model's own loss is float32
+
+
+def test_the_console_line_names_the_worst_tasks_sampling_weight_when_tasks_are_drawn():
+    """Drawn by weight, a task's objective weight is its share of the batch: the line shows the sampling weight."""
+    from robust_pretrain.pretraining.common import summarise_log
+
+    logs = {"step": 3, "loss": 2.5, "task_loss/a": 1.0, "task_loss/b": 3.0, "task_weight/b": 0.2}
+    assert summarise_log(logs, 10) == "step 3/10 | loss 2.5000 | worst task b 3.0000 (weight 0.200)"
+    logs["task_sampling_weight/b"] = 0.7
+    assert summarise_log(logs, 10) == "step 3/10 | loss 2.5000 | worst task b 3.0000 (sampling weight 0.700)"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -360,19 +361,89 @@ def test_batch_without_task_ids_fails_clearly(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"task_names": []}, "task_names"),
         ({"task_names": ["a", "a"]}, "unique"),
+        ({"task_sampling_weights": [1.0, 1.0, 1.0]}, "task_sampling_weights: the weights of task_sampling='fixed'"),
+        ({"task_sampling": "fixed", "task_sampling_weights": [0.0, 0.0, 0.0]}, "not all 0"),
+        ({"importance_weighting": True}, "importance_weighting: corrects the draws of task_sampling='fixed'"),
+        ({"task_sampling": "online", "weighting": "uncertainty"}, "cannot drive task sampling"),
+        ({"task_sampling": "online", "weighting": "gradnorm"}, "cannot drive task sampling"),
         ({"weighting": "best"}, "unknown strategy"),
         ({"alpha": -1.0}, "alpha must be > 0"),
         ({"weighting": "average", "alpha": 2.0}, "alpha: not used by weighting='average'"),
         ({"loss_normalization": "excess"}, "reference_losses"),
-        ({"loss_normalization": "excess", "reference_losses": [1.0]}, "one value per task"),
         ({"weighting_learning_rate": 0.0}, "weighting_learning_rate"),
     ],
 )
-def test_invalid_arguments_fail_at_construction(tmp_path, overrides, message):
+@pytest.mark.parametrize("task_names", [TASKS, []], ids=["tasks", "no-tasks"])
+def test_invalid_arguments_fail_at_construction(tmp_path, overrides, message, task_names):
+    """Checks that do not need the tasks run at construction, with or without task_names."""
     with pytest.raises(ValueError, match=message):
+        make_args(tmp_path, **{"task_names": task_names, **overrides})
+
+
+@pytest.mark.parametrize("weighting", ["proportional", "average", "uncertainty", "gradnorm", "minimax", "dwa"])
+def test_valid_arguments_without_task_names_are_accepted(tmp_path, weighting):
+    assert make_args(tmp_path, task_names=[], weighting=weighting).task_names == []
+
+
+class NamedCollator:
+    """Stacks pre-masked rows; carries the names of its tasks, as the library's collators do."""
+
+    def __init__(self, task_names: list[str]) -> None:
+        self.task_names = task_names
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        return {key: torch.stack([torch.as_tensor(row[key]) for row in rows]) for key in rows[0]}
+
+
+def test_the_tasks_come_from_the_data_collator(tmp_path):
+    args = make_args(tmp_path, task_names=[])
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args, data_collator=NamedCollator(TASKS))
+    assert trainer.task_names == TASKS and args.task_names == TASKS and trainer.weighting.num_tasks == len(TASKS)
+
+
+def test_the_tasks_come_from_a_dict_of_losses_model(tmp_path):
+    model = DictLossModel()
+    model.task_names = TASKS
+    trainer = MinimaxTrainer(model=model, args=make_args(tmp_path, task_names=[], alpha=0.1))
+    assert trainer.task_names == TASKS
+
+
+def test_tasks_that_disagree_are_refused_at_construction_naming_both_lists(tmp_path):
+    message = "the arguments' task_names ['verb', 'noun', 'adjective'] differ from the data collator's task_names ['a']"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path), data_collator=NamedCollator(["a"]))
+    model = DictLossModel()
+    model.task_names = ["x", "y", "z"]
+    with pytest.raises(ValueError, match=re.escape(f"task_names {TASKS} differ from the model's task_names")):
+        MinimaxTrainer(model=model, args=make_args(tmp_path, task_names=[]), data_collator=NamedCollator(TASKS))
+
+
+def test_without_task_names_anywhere_construction_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no task names found"):
+        MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path, task_names=[]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"loss_normalization": "excess", "reference_losses": [1.0]}, "one value per task"),
+        ({"task_sampling": "fixed", "task_sampling_weights": [1.0, 1.0]}, "task_sampling_weights: one weight per task"),
+        ({"task_sampling": "fixed"}, "task_sampling='fixed' draws from task_sampling_weights: give one per task"),
+    ],
+)
+def test_checks_that_need_the_tasks_run_when_the_tasks_are_known(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):  # at construction with task_names
         make_args(tmp_path, **overrides)
+    args = make_args(tmp_path, task_names=[], **overrides)  # T unknown: accepted, then refused by the trainer
+    with pytest.raises(ValueError, match=message):
+        MinimaxTrainer(model=tiny_bert(), args=args, data_collator=NamedCollator(TASKS))
+
+
+def test_task_sampling_needs_a_collator_that_draws_tasks(tmp_path):
+    args = make_args(tmp_path, task_sampling="online")
+    with pytest.raises(ValueError, match="the data collator \\(NamedCollator\\) cannot draw tasks"):
+        MinimaxTrainer(model=tiny_bert(), args=args, data_collator=NamedCollator(TASKS))
 
 
 def test_bf16_autocast_trains_with_fp32_task_losses(tmp_path):

@@ -63,11 +63,16 @@ class TaskGroupedMLMCollator:
     pad_to_multiple_of: int | None = None
     seed: int | None = None
     task_schedule: TaskSamplingSchedule | None = None
+    #: the spec's task names (None when only ``num_tasks`` is given); ``MinimaxTrainer`` takes its tasks from them
+    task_names: list[str] | None = field(default=None, init=False)
     _base_seed: int = field(init=False, repr=False)
     _epoch: SharedEpoch = field(default_factory=SharedEpoch, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        spec_tasks = TaskSpec.resolve(self.spec).num_tasks
+        spec = TaskSpec.resolve(self.spec)
+        spec_tasks = spec.num_tasks
+        if self.spec is not None or self.num_tasks is None:
+            self.task_names = list(spec.task_names)
         if self.num_tasks is None:
             self.num_tasks = spec_tasks
         elif self.spec is not None and self.num_tasks != spec_tasks:
@@ -84,18 +89,27 @@ class TaskGroupedMLMCollator:
             and self.mask_replace_prob + self.random_replace_prob <= 1.0
         ):
             raise ValueError("mask_replace_prob and random_replace_prob must be >= 0 and sum to at most 1")
-        if self.task_schedule is not None and (
-            self.mode != "per_example" or self.task_schedule.num_tasks != self.num_tasks
-        ):
-            raise ValueError(
-                f"a task_schedule (task-weighted sampling) needs mode='per_example' and {self.num_tasks} tasks, got "
-                f"mode={self.mode!r} and {self.task_schedule.num_tasks} tasks"
-            )
+        if self.task_schedule is not None:
+            self._check_schedule(self.task_schedule)
         if self.tokenizer.mask_token_id is None:
             raise ValueError("the tokenizer has no mask token, which masked language modelling needs")
         if self.tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before collating")
         self._base_seed = np.random.SeedSequence(self.seed).entropy
+
+    def _check_schedule(self, schedule: TaskSamplingSchedule) -> None:
+        if self.mode != "per_example" or schedule.num_tasks != self.num_tasks:
+            raise ValueError(
+                f"a task_schedule (task-weighted sampling) needs mode='per_example' and {self.num_tasks} tasks, got "
+                f"mode={self.mode!r} and {schedule.num_tasks} tasks"
+            )
+
+    def sample_tasks(self, schedule: TaskSamplingSchedule, train_dataset: Any, args: Any) -> Any:
+        """Draw each training sequence's task by ``schedule`` from now on (``MinimaxTrainer`` calls this with
+        ``task_sampling``); the training data stay as they are."""
+        self._check_schedule(schedule)
+        self.task_schedule = schedule
+        return train_dataset
 
     @property
     def epoch(self) -> int:

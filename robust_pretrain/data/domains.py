@@ -9,8 +9,9 @@ pipeline:
   and cut into sequences of ``max_seq_length`` tokens, so a sequence never crosses a domain boundary and its domain
   is its example-level ``task_ids`` ->
 - :class:`DomainCollator`: pads the sequences (labels ``-100`` at padding; the trainer shifts them for next-token
-  prediction), or, with a :class:`~robust_pretrain.task_sampling.TaskSamplingSchedule`, first **chooses which domain
-  each sequence of a training batch comes from** (DoReMi's way of applying domain weights) and then a sequence of it.
+  prediction), or, with a :class:`~robust_pretrain.task_sampling.TaskSamplingSchedule` (``MinimaxTrainer`` hands it
+  over with ``task_sampling``), first **chooses which domain each sequence of a training batch comes from** (DoReMi's
+  way of applying domain weights) and then a sequence of it.
 
 Domain-weighted draws: the rows of optimizer step ``s``, micro-batch ``m`` are drawn by one generator seeded with
 ``(seed, s, m)``: ``world_size * per_device_train_batch_size`` domains with probabilities ``w / sum(w)`` and, for each,
@@ -23,8 +24,9 @@ the step (online: a strategy's weights by the lag rule of :mod:`robust_pretrain.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,8 @@ from robust_pretrain.data.corpus import SPLIT_SOURCES, paragraphs, resolve_ud_di
 from robust_pretrain.data.preprocessing import repeat_stream
 
 if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
     from robust_pretrain.task_sampling import TaskSamplingSchedule
 
 EWT_GENRES = ("answers", "email", "newsgroup", "reviews", "weblog")
@@ -169,33 +173,39 @@ class DrawSlots(torch.utils.data.Dataset):
 @dataclass
 class DomainCollator:
     """Pads packed sequences into a batch: ``input_ids``, ``attention_mask``, ``labels`` (the ids, ``-100`` at
-    padding) and per-sequence ``task_ids``.
+    padding) and per-sequence ``task_ids``; ``task_names`` are the domains' names in id order (``MinimaxTrainer``
+    takes its tasks from them).
 
-    With ``schedule`` and ``sequences`` (the packed training set), a batch of :class:`DrawSlots` rows (no
-    ``input_ids``) is a training batch whose sequences are drawn by domain (module docstring); batches of sequences
-    (held-out data) are only padded.
+    With a schedule (``MinimaxTrainer`` hands it over with ``task_sampling``, :meth:`sample_tasks`), a batch of
+    :class:`DrawSlots` rows (no ``input_ids``) is a training batch whose sequences are drawn by domain (module
+    docstring); batches of sequences (held-out data) are only padded.
     """
 
     pad_token_id: int
-    schedule: TaskSamplingSchedule | None = None
-    sequences: Dataset | None = None
-    seed: int = 0
-    rows_per_process: int = 1
-    process_index: int = 0
-    num_processes: int = 1
+    task_names: Sequence[str] | None = None
+    schedule: TaskSamplingSchedule | None = field(default=None, init=False)
+    sequences: Dataset | None = field(default=None, init=False, repr=False)
+    seed: int = field(default=0, init=False)
+    rows_per_process: int = field(default=1, init=False)
+    process_index: int = field(default=0, init=False)
+    num_processes: int = field(default=1, init=False)
+    _rows_by_domain: list[torch.Tensor] = field(default_factory=list, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self._rows_by_domain: list[torch.Tensor] = []
-        if self.schedule is not None:
-            if self.sequences is None:
-                raise ValueError("domain-weighted sampling needs the packed training sequences")
-            task_ids = torch.as_tensor(self.sequences["task_ids"], dtype=torch.long)
-            self._rows_by_domain = [
-                torch.nonzero(task_ids == d).flatten() for d in range(self.schedule.num_tasks)
-            ]  # fmt: skip
-            empty = [d for d, rows in enumerate(self._rows_by_domain) if len(rows) == 0]
-            if empty:
-                raise ValueError(f"domains {empty} have no training sequence to draw")
+    def sample_tasks(self, schedule: TaskSamplingSchedule, sequences: Dataset, args: TrainingArguments) -> DrawSlots:
+        """Draw the training batches' domains by ``schedule`` from ``sequences`` (the packed training set), seeded by
+        ``args.seed``, each process keeping its ``per_device_train_batch_size`` rows of the global draw; the training
+        data becomes the :class:`DrawSlots` of an epoch (:func:`draws_per_epoch`)."""
+        if isinstance(sequences, (torch.utils.data.IterableDataset, IterableDataset)):
+            raise ValueError("domain-weighted sampling draws from map-style sequences, not a stream")
+        task_ids = torch.as_tensor(sequences["task_ids"], dtype=torch.long)
+        rows_by_domain = [torch.nonzero(task_ids == d).flatten() for d in range(schedule.num_tasks)]
+        empty = [d for d, rows in enumerate(rows_by_domain) if len(rows) == 0]
+        if empty:
+            raise ValueError(f"domains {empty} have no training sequence to draw")
+        self.schedule, self.sequences, self._rows_by_domain = schedule, sequences, rows_by_domain
+        self.seed, self.rows_per_process = args.seed, args.per_device_train_batch_size
+        self.process_index, self.num_processes = args.process_index, args.world_size
+        return DrawSlots(draws_per_epoch(len(sequences), args))
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if features and "input_ids" not in features[0]:
@@ -233,6 +243,13 @@ class DomainCollator:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "task_ids": task_ids}
 
 
+def draws_per_epoch(sequences: int, args: TrainingArguments) -> int:
+    """An epoch of domain-weighted draws: about as many draws as there are sequences, in whole global batches (so the
+    draws are the same with any number of processes for the same global batch)."""
+    global_batch = args.per_device_train_batch_size * args.world_size
+    return math.ceil(sequences / global_batch) * global_batch
+
+
 def batch_seed(seed: int, step: int, micro_batch: int) -> int:
     """The seed of the draws of optimizer step ``step``'s micro-batch ``micro_batch``: a function of the three only."""
     digest = hashlib.sha256(f"{seed}/{step}/{micro_batch}".encode()).digest()
@@ -247,6 +264,7 @@ __all__ = [
     "batch_seed",
     "domain_counts",
     "domain_texts",
+    "draws_per_epoch",
     "ewt_genre_texts",
     "pack_domains",
     "stream_domains",

@@ -6,10 +6,11 @@
 Each domain (a UD English-EWT genre by default; else the values of ``--domain_column`` or one ``--domain_files`` entry
 each) is one task: texts are packed into ``max_seq_length`` sequences within their domain
 (:mod:`robust_pretrain.data.domains`), every sequence's domain is its task id, and the trainer minimises the weighted
-per-domain next-token losses. The batches hold the domains in their natural proportions (``--domain_sampling
-natural``), or each sequence's domain is drawn: from the strategy's current weights (``online``: DoReMi's way of
-applying weights; the objective is then the plain mean) or from a file of weights (``--domain_weights``, e.g. the
-``domain_weights.json`` of ``robust-pretrain-mixture``). With ``--streaming`` each ``--domain_files`` source is a
+per-domain next-token losses. The batches hold the domains in their natural proportions (``--task_sampling none``),
+or each sequence's domain is drawn: from the strategy's current weights (``online``: DoReMi's way of applying weights;
+the objective is then the plain mean) or from a file of weights (``--domain_weights``, e.g. the
+``domain_weights.json`` of ``robust-pretrain-mixture``; ``--importance_weighting`` corrects the draws toward the
+strategy's weights). With ``--streaming`` each ``--domain_files`` source is a
 stream, packed on the fly and replayed exactly on resume. The run writes the model (``AutoModelForCausalLM``) and
 tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity (mean and worst domain), the
 domains' mixture weights and the run's provenance (:class:`~robust_pretrain.reference.Provenance`), and a model
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,6 @@ from robust_pretrain.data.domains import (
     DOMAIN_COLUMN,
     EWT_GENRES,
     DomainCollator,
-    DrawSlots,
     domain_counts,
     domain_texts,
     ewt_genre_texts,
@@ -57,9 +56,9 @@ from robust_pretrain.data.domains import (
 from robust_pretrain.options import check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
+    bind_tasks,
     create_trainer,
     named_tokenizer,
-    peek_option,
     push,
     setup_logging,
     train_and_evaluate,
@@ -86,7 +85,8 @@ from robust_pretrain.reporting.cards import (
     model_size,
 )
 from robust_pretrain.reporting.task_report import TRAJECTORY_PLOT_NAME, report_settings, write_report_and_card
-from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
+from robust_pretrain.task_sampling import FixedWeighting
+from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, ke
 MIN_VOCAB_SIZE = 64  # a byte-level BPE vocabulary holds its 256 bytes: smaller sizes are raised to them
 NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir"}
 DOMAIN_WEIGHTS_NAME = "domain_weights.json"
+SAMPLING_NAMES = {"none": "natural", "online": "online", "fixed": "fixed"}  # task_sampling, as the report says it
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 GENERATION_USAGE = """\
 from transformers import pipeline
@@ -150,18 +151,18 @@ class DomainDataArguments:
         minimum=1, maximum=99,
     )  # fmt: skip
     max_seq_length: int = option(128, "Tokens per packed sequence.", minimum=2, maximum=8192)
-    domain_sampling: str = option(
-        "natural",
-        "'natural': every packed sequence once per epoch (the domains' natural proportions); 'online': each "
-        "training sequence's domain drawn from the --weighting strategy's current weights (batches of step s use "
-        "those of step s-2), the objective the plain mean. With --domain_weights the domains are drawn from the file.",
-        choices=["natural", "online"],
-    )
     domain_weights: str | None = option(
         None,
         'JSON file of domain sampling weights ({"weights": {domain: weight}}, e.g. robust-pretrain-mixture\'s '
-        "domain_weights.json): each training sequence's domain is drawn from them. Its provenance (domains, "
-        "tokenizer, training and held-out data, model size) must match this run's, see --reference_mismatch_ok.",
+        "domain_weights.json): each training sequence's domain is drawn from them (--task_sampling fixed with the "
+        "file's weights). Its provenance (domains, tokenizer, training and held-out data, model size) must match this "
+        "run's, see --reference_mismatch_ok.",
+        path="file",
+    )
+    objective_weights: str | None = option(
+        None,
+        "With --importance_weighting: JSON file of the objective's domain weights w (the format of --domain_weights), "
+        "in place of the --weighting strategy's; each target's loss is multiplied by w_d / q_d (q: --domain_weights).",
         path="file",
     )
     max_eval_sequences: int | None = option(None, "Held-out sequences kept per domain (the first ones).", minimum=1)
@@ -182,8 +183,6 @@ class DomainDataArguments:
 
     def __post_init__(self) -> None:
         check_options(self)
-        if self.domain_weights is not None and self.domain_sampling == "online":
-            raise UsageError("--domain_weights draws from fixed weights: it excludes --domain_sampling online")
         sources = [name for name in ("domain_files", "dataset_name", "train_file") if getattr(self, name)]
         if len(sources) > 1:
             raise UsageError(f"give one data source, not {' and '.join('--' + name for name in sources)}")
@@ -325,20 +324,22 @@ def stream_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
     )
 
 
-def check_streaming(model_args: CausalModelArguments, data_args: DomainDataArguments, max_steps: int) -> None:
+def check_streaming(
+    model_args: CausalModelArguments, data_args: DomainDataArguments, training_args: MinimaxTrainingArguments
+) -> None:
     """Refuse, naming the option, what a stream of domains cannot do."""
     if not data_args.domain_files:
         raise UsageError("--streaming reads --domain_files (one stream per domain); give them")
-    if max_steps <= 0:
+    if training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length")
     if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
         raise UsageError(
             "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name or --model_name_or_path"
         )
-    if data_args.domain_sampling == "online":
+    if training_args.task_sampling != "none":
         raise UsageError(
-            "--streaming draws domains from fixed weights (--domain_weights); --domain_sampling online needs map-style "
-            "data"
+            f"--streaming draws domains from fixed weights (--domain_weights); --task_sampling "
+            f"{training_args.task_sampling} needs map-style data"
         )
 
 
@@ -431,6 +432,28 @@ def load_model(model_args: CausalModelArguments, tokenizer: Any, max_seq_length:
     return LlamaForCausalLM(config)
 
 
+def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
+    """``--domain_weights`` are the fixed sampling weights, ``--objective_weights`` the objective of importance
+    weighting: refuse what contradicts them (before any data is read)."""
+    if data_args.domain_weights is not None and (
+        training_args.task_sampling == "online" or training_args.task_sampling_weights is not None
+    ):
+        raise UsageError(
+            "--domain_weights are the fixed sampling weights: they exclude --task_sampling online and "
+            "--task_sampling_weights"
+        )
+    if data_args.objective_weights is not None and not training_args.importance_weighting:
+        raise UsageError(
+            "--objective_weights are the objective of importance weighting: add --task_sampling fixed "
+            "--importance_weighting true and the sampling weights (--domain_weights)"
+        )
+
+
+def sample_from_file(training_args: MinimaxTrainingArguments, weights: list[float]) -> None:
+    """``--domain_weights``: draw the domains from the file's weights (``task_sampling='fixed'``)."""
+    training_args.task_sampling, training_args.task_sampling_weights = "fixed", weights
+
+
 def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[str, Any] | None]:
     """The weights (in domain order) and provenance (``None``: none recorded) of a domain-weights file; refuse one
     whose domains differ."""
@@ -453,8 +476,8 @@ class WeightAverageCallback(TrainerCallback, ExportableState):
     ``trainer_state.json`` (an ``ExportableState``: written with the rest of the state) and :meth:`load` restores it,
     so a resumed run averages over all its steps."""
 
-    def __init__(self, schedule: TaskSamplingSchedule | None) -> None:
-        self.schedule, self.trainer = schedule, None
+    def __init__(self) -> None:
+        self.trainer: MinimaxTrainer | None = None
         self.total: torch.Tensor | None = None
         self.steps = 0
 
@@ -473,8 +496,9 @@ class WeightAverageCallback(TrainerCallback, ExportableState):
         self.steps = attributes["steps"]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.schedule is not None and not self.schedule.fixed:
-            weights = self.schedule.history[state.global_step]
+        schedule = self.trainer.task_schedule
+        if schedule is not None and not schedule.fixed:
+            weights = schedule.history[state.global_step]
         else:
             weights = self.trainer.step_weights.double().cpu()
         weights = weights.double() / weights.sum()
@@ -514,24 +538,6 @@ def domain_tasks(
     )
 
 
-def domain_names_before_parse(argv: list[str]) -> list[str]:
-    """The domains' names, known before the full parse (they are the default ``task_names``, which the strategy's
-    options such as ``--reference_losses`` are checked against): the ``--domain_files`` names, the sorted values of
-    ``--domain_column``, or the UD-EWT genres."""
-    entries = peek_option(argv, "domain_files", nargs="+")
-    if entries:
-        return list(parse_domain_files(entries))
-    column = peek_option(argv, "domain_column")
-    source = peek_option(argv, "dataset_name") or peek_option(argv, "train_file")
-    if column is None or source is None:
-        return list(EWT_GENRES)
-    option_name = "--dataset_name" if peek_option(argv, "dataset_name") else "--train_file"
-    raw = _load_source(source, option_name, peek_option(argv, "text_column_name") or "text")
-    if column not in raw.column_names:
-        raise UsageError(f"--domain_column {column}: {source} has no such column (columns: {raw.column_names})")
-    return sorted({str(value) for value in raw[column]})
-
-
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``robust-pretrain-causal-lm``, ``recipes/pretrain_causal_lm.py``): exit status 2 and one
     line for a bad option, file, column, domain or checkpoint."""
@@ -541,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str]) -> dict:
     """Pre-train as ``argv`` says; the held-out metrics and the task report."""
     parser = OptionParser((CausalModelArguments, DomainDataArguments, MinimaxTrainingArguments), description=__doc__)
-    parser.set_defaults(task_names=domain_names_before_parse(argv), report_to=[], save_total_limit=2)
+    parser.set_defaults(report_to=[], save_total_limit=2)
     model_args, data_args, training_args = parse_with_config(parser, argv)
     given = {"reference_run": training_args.reference_run, "domain_weights": data_args.domain_weights}
     check_override(training_args.reference_mismatch_ok, given)
@@ -551,24 +557,20 @@ def run(argv: list[str]) -> dict:
     if model_args.tokenizer_name is not None:
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
+    check_weight_files(data_args, training_args)
     if data_args.streaming:
-        check_streaming(model_args, data_args, training_args.max_steps)
+        check_streaming(model_args, data_args, training_args)
     texts = load_domain_texts(data_args)
-    if list(training_args.task_names) != texts.names:
-        raise UsageError(f"--task_names {training_args.task_names} differ from the data's domains {texts.names}")
     text_counts = require_every_domain(texts)
     fixed_weights, saved_provenance = None, None
     if data_args.domain_weights is not None:
         fixed_weights, saved_provenance = read_domain_weights(data_args.domain_weights, texts.names)
-    schedule, weighting, callbacks = None, None, []
-    if data_args.domain_sampling == "online" or (fixed_weights is not None and not data_args.streaming):
-        schedule = TaskSamplingSchedule(len(texts.names), fixed_weights=fixed_weights)
-        callbacks.append(TaskSamplingCallback(schedule))
-    if data_args.domain_sampling == "online":
-        try:
-            weighting = TaskSamplingWeighting(training_args.build_weighting(), schedule)
-        except ValueError as err:
-            raise UsageError(f"--domain_sampling online with --weighting {training_args.weighting}: {err}") from err
+        if not data_args.streaming:
+            sample_from_file(training_args, fixed_weights)
+    bind_tasks(training_args, texts.names, "the data's domains")
+    objective = None
+    if data_args.objective_weights is not None:
+        objective = FixedWeighting(len(texts.names), read_domain_weights(data_args.objective_weights, texts.names)[0])
 
     setup_logging(training_args, logger)
     logger.info("domains %s (texts %s) weighting=%s", texts.names, text_counts, training_args.weighting)
@@ -612,28 +614,17 @@ def run(argv: list[str]) -> dict:
             training_args.seed,
         )  # fmt: skip
         training_args.accelerator_config.dispatch_batches = False  # every process reads the streams itself
-    collator = DomainCollator(
-        tokenizer.pad_token_id,
-        schedule=schedule,
-        sequences=train_sequences if schedule is not None else None,
-        seed=training_args.seed,
-        rows_per_process=training_args.per_device_train_batch_size,
-        process_index=training_args.process_index,
-        num_processes=training_args.world_size,
-    )
-    averages = WeightAverageCallback(schedule)
+    averages = WeightAverageCallback()
     write_run_config(training_args, settings)
     trainer = create_trainer(
         training_args,
         model=model,
-        train_dataset=DrawSlots(draws_per_epoch(len(train_sequences), training_args))
-        if schedule is not None
-        else train_sequences,
+        train_dataset=train_sequences,
         eval_dataset=eval_sequences,
         processing_class=tokenizer,
-        data_collator=collator,
-        weighting=weighting,
-        callbacks=[*callbacks, averages],
+        data_collator=DomainCollator(tokenizer.pad_token_id, task_names=texts.names),
+        weighting=objective,
+        callbacks=[averages],
     )
     averages.trainer = trainer
     if resume_checkpoint is not None:
@@ -644,12 +635,15 @@ def run(argv: list[str]) -> dict:
         mixture, mixture_kind = [w / sum(fixed_weights) for w in fixed_weights], "file"
     elif texts.streams is not None:
         mixture, mixture_kind = [1 / num_domains] * num_domains, "uniform (streamed)"
-    elif data_args.domain_sampling == "online":
+    elif training_args.task_sampling == "fixed":
+        weights = training_args.task_sampling_weights
+        mixture, mixture_kind = [w / sum(weights) for w in weights], "fixed"
+    elif training_args.task_sampling == "online":
         mixture, mixture_kind = averages.average() or [1 / num_domains] * num_domains, "online time-average"
     else:
         mixture, mixture_kind = [count / sum(sequences) for count in sequences], "natural"
     recipe_settings = {
-        "domain_sampling": "file" if fixed_weights is not None else data_args.domain_sampling,
+        "domain_sampling": "file" if fixed_weights is not None else SAMPLING_NAMES[training_args.task_sampling],
         "max_seq_length": data_args.max_seq_length,
     }
     stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
@@ -685,13 +679,6 @@ def run(argv: list[str]) -> dict:
     write_report_and_card(trainer, report, card_renderer(trainer, content))
     push(trainer)
     return {**eval_metrics, "report": report}
-
-
-def draws_per_epoch(sequences: int, training_args: MinimaxTrainingArguments) -> int:
-    """An epoch of domain-weighted draws: about as many draws as there are sequences, in whole global batches (so the
-    draws are the same with any number of processes for the same global batch)."""
-    global_batch = training_args.per_device_train_batch_size * training_args.world_size
-    return math.ceil(sequences / global_batch) * global_batch
 
 
 def _first_rows(sequences: Dataset, domain: int, count: int) -> list[int]:

@@ -3,7 +3,6 @@ directory policy: :mod:`robust_pretrain.output_dir`)."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import sys
@@ -18,7 +17,6 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, TrainingArgumen
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
 from robust_pretrain.output_dir import last_complete_checkpoint  # noqa: F401  (imported from here by the tests)
 from robust_pretrain.reporting.scoring import score_losses
@@ -45,17 +43,16 @@ def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Log
     transformers.utils.logging.set_verbosity(log_level)
 
 
-def peek_option(argv: list[str], name: str, nargs: str | None = None) -> Any:
-    """``--name`` from the command line, else from the ``--config`` file, else None: for a default that must be known
-    before the full parse (task names from a task spec or from the modalities)."""
-    peek = argparse.ArgumentParser(add_help=False)
-    peek.add_argument("--config")
-    peek.add_argument(f"--{name}", nargs=nargs)
-    known, _ = peek.parse_known_args(argv)
-    value = getattr(known, name)
-    if value is None and known.config is not None:
-        return load_config_file(known.config).get(name)
-    return value
+def bind_tasks(training_args: MinimaxTrainingArguments, task_names: list[str], source: str) -> None:
+    """The checks that need the tasks, at once (before any data is tokenised): ``task_names`` that differ from the
+    data's (``source``, e.g. "the task spec's") and strategy options of another length are a :class:`UsageError`.
+    The trainer takes the same tasks from the data collator."""
+    if training_args.task_names and list(training_args.task_names) != list(task_names):
+        raise UsageError(f"--task_names {training_args.task_names} differ from {source} {list(task_names)}")
+    try:
+        training_args.bind_tasks(task_names)
+    except ValueError as err:
+        raise UsageError(f"invalid options: {err}") from err
 
 
 # TrainingArguments fields that change what a run computes (MinimaxTrainingArguments' own fields are added).
@@ -113,11 +110,11 @@ def file_fingerprint(path: str | Path | None) -> str | None:
 
 
 def summarise_log(logs: dict[str, Any], max_steps: int, reference: dict[str, float] | None = None) -> str:
-    """One console line for a Trainer log: loss, learning rate, grad norm and the worst task (its loss and weight);
-    an evaluation adds its mean and worst task loss with the worst task named. With ``reference`` (the reference loss
-    per task the run trains against) the worst task by excess over it follows, with its signed excess
-    (:mod:`robust_pretrain.reporting.scoring`). The per-task values themselves go to ``trainer_state.json`` and the
-    configured loggers (``--report_to``)."""
+    """One console line for a Trainer log: loss, learning rate, grad norm and the worst task (its loss and weight, the
+    sampling weight when tasks are drawn); an evaluation adds its mean and worst task loss with the worst task named.
+    With ``reference`` (the reference loss per task the run trains against) the worst task by excess over it follows,
+    with its signed excess (:mod:`robust_pretrain.reporting.scoring`). The per-task values themselves go to
+    ``trainer_state.json`` and the configured loggers (``--report_to``)."""
     task_losses = {k.split("/", 1)[1]: v for k, v in logs.items() if k.startswith("task_loss/")}
     eval_losses = {k.split("/", 1)[1]: v for k, v in logs.items() if k.startswith("eval_task_loss/")}
     parts = [f"step {logs['step']}/{max_steps}"] if "step" in logs else []
@@ -125,8 +122,12 @@ def summarise_log(logs: dict[str, Any], max_steps: int, reference: dict[str, flo
     parts += [fmt.format(logs[key]) for key, fmt in formats.items() if isinstance(logs.get(key), (int, float))]
     if task_losses:
         worst = max(task_losses, key=task_losses.get)
-        weight = logs.get(f"task_weight/{worst}")
-        parts.append(f"worst task {worst} {task_losses[worst]:.4f}" + (f" (weight {weight:.3f})" if weight else ""))
+        weight, sampling = logs.get(f"task_weight/{worst}"), logs.get(f"task_sampling_weight/{worst}")
+        if sampling is not None:  # tasks drawn by weight: the objective's weight is the task's share of the batch
+            weight_part = f" (sampling weight {sampling:.3f})"
+        else:
+            weight_part = f" (weight {weight:.3f})" if weight else ""
+        parts.append(f"worst task {worst} {task_losses[worst]:.4f}{weight_part}")
         parts += _excess_part(task_losses, reference, "")
     elif "worst_task" in logs:  # more tasks than --max_logged_tasks: the trainer logged a summary
         parts.append(f"worst task {logs['worst_task']} {logs['worst_task_loss']:.4f}")

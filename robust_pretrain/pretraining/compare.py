@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import get_args, get_type_hints
 
 from robust_pretrain.cli import ConsoleArgumentParser, UsageError, refuse, run_console
-from robust_pretrain.config import load_config_file
+from robust_pretrain.config import OptionParser, load_config_file, parse_with_config
 from robust_pretrain.options import declared, path_problem, value_problems
-from robust_pretrain.pretraining.common import file_fingerprint, peek_option
+from robust_pretrain.pretraining.common import file_fingerprint
 from robust_pretrain.reference import ReferenceRun
 from robust_pretrain.reporting.aggregation import aggregate_runs, restrict_to_common_tasks
 from robust_pretrain.reporting.plots import plot_comparison
@@ -111,17 +111,19 @@ def recipe_for_config(config: dict) -> str:
     return fitting[0]
 
 
-def planned_tasks(recipe: str, options: list[str]) -> list[str]:
-    """The task names the runs of ``recipe`` will have with ``options`` (the config file's included), before any run:
-    the task spec's tasks (PoS) or the modalities (MM-MAE)."""
+def planned_runs(recipe: str, options: list[str]) -> tuple[list[str], str | None]:
+    """The task names the runs of ``recipe`` will have with ``options`` (the config file's included) and the
+    ``reference_run`` they are given, parsed as the recipe parses them, before any run: the task spec's tasks (PoS)
+    or the modalities (MM-MAE)."""
+    module = importlib.import_module(RECIPES[recipe])
+    parser = OptionParser((module.ModelArguments, module.DataArguments, MinimaxTrainingArguments))
+    model_args, data_args, training_args = parse_with_config(parser, options)
     if recipe == "multimae":
-        from robust_pretrain.pretraining.multimae import _task_names_from_argv
-
-        return _task_names_from_argv(options)
+        return module.resolve_modalities(model_args), training_args.reference_run
     from robust_pretrain.data import TaskSpec
 
     try:
-        return TaskSpec.resolve(peek_option(options, "task_spec")).task_names
+        return TaskSpec.resolve(data_args.task_spec).task_names, training_args.reference_run
     except (OSError, ValueError) as err:
         raise UsageError(f"--task_spec: {err}") from err
 
@@ -227,7 +229,11 @@ def run(argv: list[str]) -> dict:
             "--strategies or name one of those runs"
         )
     recipe_argv = [*(["--config", cli.config] if cli.config else []), *overrides]  # what every run is given
-    reference_run = cli.reference_run or peek_option(recipe_argv, "reference_run")
+    try:
+        tasks, recipe_reference_run = planned_runs(cli.recipe, recipe_argv)
+    except UsageError as err:
+        raise UsageError(*(f"the options of every run: {problem}" for problem in err.args)) from err
+    reference_run = cli.reference_run or recipe_reference_run
     reference = None
     if reference_run is not None:
         option = "--reference_run" if cli.reference_run else "--reference_run (of every run)"
@@ -237,7 +243,6 @@ def run(argv: list[str]) -> dict:
             problems.append(str(err))
     refuse(problems)
     if reference is not None:
-        tasks = planned_tasks(cli.recipe, recipe_argv)
         refuse([why for why in [task_mismatch(tasks, list(reference), f"the reference run {reference_run}")] if why])
     baseline = cli.baseline or ("proportional" if "proportional" in run_names else run_names[0])
     output_dir = Path(cli.output_dir)

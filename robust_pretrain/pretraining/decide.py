@@ -14,7 +14,7 @@ every arm of a seed uses the tokenizer of that seed's ``natural`` run. Arms:
 * ``sampling_control``: each sequence's domain drawn at the natural proportions by the same mechanism as the online
   arms, the plain mean loss (separates the effect of the weights from how batches are drawn);
 * ``stratified``: domains drawn uniformly, the plain mean loss;
-* ``minimax``: the paper's objective, its weights also drawing the domains (``--domain_sampling online``);
+* ``minimax``: the paper's objective, its weights also drawing the domains (``--task_sampling online``);
 * ``group_dro``: DoReMi's objective, group DRO on the excess loss over the ``natural`` run's held-out losses, its
   weights drawing the domains;
 * ``doremi``: ``robust-pretrain-mixture`` (reference -> proxy -> learned weights -> main run; 3 trainings);
@@ -52,7 +52,7 @@ BUILT_IN_ARMS = ("natural", "sampling_control", "stratified", "minimax", "group_
 DEFAULT_RUN_OPTIONS = ["--config", "decoder_demo", "--max_steps", "300"]
 #: options decide sets per cell: given for every run they would change what an arm means
 OWNED_OPTIONS = (
-    "--seed", "--output_dir", "--weighting", "--loss_normalization", "--domain_sampling", "--domain_weights",
+    "--seed", "--output_dir", "--weighting", "--loss_normalization", "--task_sampling", "--task_sampling_weights", "--importance_weighting", "--objective_weights", "--domain_weights",
     "--reference_losses", "--reference_run", "--reference_model", "--overwrite_output_dir",
 )  # fmt: skip
 PROTOCOL_NAME = "protocol.json"
@@ -148,12 +148,12 @@ def cell_plan(arm: str, cell: Path, natural: dict[str, Any], extra: dict[str, Pa
     if arm == "doremi":
         return "mixture", []
     if arm == "minimax":
-        return "causal_lm", ["--weighting", "minimax", "--domain_sampling", "online"]
+        return "causal_lm", ["--weighting", "minimax", "--task_sampling", "online"]
     if arm == "group_dro":
         losses = [repr(natural["eval_task_loss"][name]) for name in domains]
         return "causal_lm", [
             "--weighting", "group_dro", "--loss_normalization", "excess", "--reference_losses", *losses,
-            "--domain_sampling", "online",
+            "--task_sampling", "online",
         ]  # fmt: skip
     if arm == "sampling_control":
         weights = weights_file(cell / "natural_weights.json", natural["mixture_weights"], natural)

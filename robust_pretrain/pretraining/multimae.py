@@ -38,8 +38,8 @@ from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.options import check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
+    bind_tasks,
     create_trainer,
-    peek_option,
     push,
     setup_logging,
     train_and_evaluate,
@@ -94,9 +94,9 @@ class ModelArguments:
         default=None,
         metadata={"help": "From scratch: override config values, e.g. 'hidden_size=128,num_hidden_layers=4'."},
     )
-    modalities: list[str] = field(
-        default_factory=lambda: list(MODALITIES),
-        metadata={"help": "Modalities = tasks, among rgb, depth, semseg (a checkpoint's by default)."},
+    modalities: list[str] | None = field(
+        default=None,
+        metadata={"help": "Modalities = tasks, among rgb, depth, semseg (default: a checkpoint's, else all three)."},
     )
     num_semseg_classes: int | None = option(
         None, "Classes of the semseg maps (default for generated scenes: their classes).", minimum=2
@@ -219,20 +219,21 @@ class DataArguments:
         return {target: column for target, _, column in pairs}
 
 
-def _task_names_from_argv(argv: list[str]) -> list[str]:
-    """The modalities (= task names) before the full parse: --modalities, else a checkpoint's, else all three."""
-    modalities = peek_option(argv, "modalities", nargs="+")
-    checkpoint = peek_option(argv, "model_name_or_path")
+def resolve_modalities(model_args: ModelArguments) -> list[str]:
+    """The modalities (= task names), set in ``model_args``: --modalities, else a checkpoint's, else all three."""
+    modalities, checkpoint = model_args.modalities, model_args.model_name_or_path
     if modalities is None and checkpoint is not None:
         check_checkpoint(checkpoint)
         try:
-            return list(AutoConfig.from_pretrained(checkpoint).task_names)
+            model_args.modalities = list(AutoConfig.from_pretrained(checkpoint).task_names)
         except (OSError, ValueError, AttributeError) as err:
             raise UsageError(f"--model_name_or_path {checkpoint}: not an MM-MAE checkpoint ({err})") from err
+        return model_args.modalities
     modalities = list(MODALITIES) if modalities is None else [str(m) for m in modalities]
     unknown = [m for m in modalities if m not in MODALITIES]
     if unknown or not modalities or len(set(modalities)) != len(modalities):
         raise UsageError(f"--modalities {modalities}: give distinct names among {list(MODALITIES)}")
+    model_args.modalities = modalities
     return modalities
 
 
@@ -359,6 +360,11 @@ class HeldOutOrTrainingCollator:
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         return (self.held_out if HELD_OUT in features[0] else self.training)(features)
 
+    @property
+    def task_names(self) -> list[str]:
+        """The modalities, in task-id order (``MinimaxTrainer`` takes its tasks from them)."""
+        return list(self.training.modalities)
+
     def set_epoch(self, epoch: int) -> None:
         """New training masks each epoch (``MinimaxTrainer`` calls this, as it does the transform's)."""
         self.training.set_epoch(epoch)
@@ -460,11 +466,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> dict:
     """Pre-train as ``argv`` says; the held-out metrics and the task report."""
-    task_names = _task_names_from_argv(argv)
     parser = OptionParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(
-        modalities=task_names,
-        task_names=task_names,
         report_to=[],
         save_total_limit=3,
         remove_unused_columns=False,  # the image transform needs the raw columns and the ids
@@ -476,9 +479,9 @@ def run(argv: list[str]) -> dict:
     )
     model_args, data_args, training_args = parse_with_config(parser, argv)
     check_override(training_args.reference_mismatch_ok, {"reference_run": training_args.reference_run})
-    if list(training_args.task_names) != list(model_args.modalities):
-        raise UsageError(f"--task_names {training_args.task_names} differ from the modalities {model_args.modalities}")
     check_checkpoint(model_args.model_name_or_path)
+    task_names = resolve_modalities(model_args)
+    bind_tasks(training_args, task_names, "the modalities")
 
     setup_logging(training_args, logger)
     logger.info(

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, load_dataset
@@ -45,10 +46,10 @@ from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EX
 from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
+    bind_tasks,
     create_trainer,
     file_fingerprint,
     named_tokenizer,
-    peek_option,
     push,
     setup_logging,
     train_and_evaluate,
@@ -66,7 +67,7 @@ from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.task_losses import mlm_head_name
-from robust_pretrain.task_sampling import TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
+from robust_pretrain.task_sampling import TaskSamplingSchedule
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -169,16 +170,6 @@ class DataArguments:
         maximum=1,
         reason="with nothing masked there is nothing to learn",
     )
-    task_sampling: str = field(
-        default="uniform",
-        metadata={
-            "help": "With --masking per_example: 'uniform' balances the tasks over each batch; 'weights' draws each "
-            "sequence's task in proportion to the --weighting strategy's current task weights (computed from the "
-            "training losses; batches of step s use the weights of step s-2) and minimises the plain mean over the "
-            "drawn targets (robust_pretrain.task_sampling).",
-            "choices": ["uniform", "weights"],
-        },
-    )
     max_train_samples: int | None = option(None, "Truncate the training set (debugging).", minimum=1)
     max_eval_samples: int | None = option(None, "Truncate the held-out set.", minimum=1)
     eval_masking_seed: int = option(
@@ -192,8 +183,6 @@ class DataArguments:
 
     def __post_init__(self) -> None:
         check_options(self)
-        if self.task_sampling == "weights" and self.masking != "per_example":
-            raise UsageError("--task_sampling weights draws one task per sequence: it needs --masking per_example")
 
 
 def run_config(
@@ -495,6 +484,14 @@ class PremaskedOrTrainingCollator:
         self._streamed.set_epoch(features[0][STREAM_POSITION_COLUMN])
         return self._streamed([{k: v for k, v in row.items() if k != STREAM_POSITION_COLUMN} for row in features])
 
+    @property
+    def task_names(self) -> list[str] | None:
+        return self.training.task_names
+
+    def sample_tasks(self, schedule: TaskSamplingSchedule, train_dataset: Any, args: Any) -> Any:
+        """Training batches draw their tasks by ``schedule`` (:meth:`TaskGroupedMLMCollator.sample_tasks`)."""
+        return self.training.sample_tasks(schedule, train_dataset, args)
+
     def set_epoch(self, epoch: int) -> None:
         self.training.set_epoch(epoch)
 
@@ -553,29 +550,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> dict:
     """Pre-train as ``argv`` says; the held-out metrics and the task report."""
-    task_spec = peek_option(argv, "task_spec")  # task_names default to the spec's task names
-    try:
-        spec = TaskSpec.resolve(task_spec)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--task_spec {task_spec}: {err}") from err
     parser = OptionParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
-    parser.set_defaults(task_names=spec.task_names, report_to=[], save_total_limit=3)
+    parser.set_defaults(report_to=[], save_total_limit=3)
     model_args, data_args, training_args = parse_with_config(parser, argv)
     check_override(training_args.reference_mismatch_ok, {"reference_run": training_args.reference_run})
-    if list(training_args.task_names) != spec.task_names:
-        raise UsageError(f"--task_names {training_args.task_names} differ from the task spec's {spec.task_names}")
+    try:
+        spec = TaskSpec.resolve(data_args.task_spec)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--task_spec {data_args.task_spec}: {err}") from err
+    bind_tasks(training_args, spec.task_names, "the task spec's")
+    if training_args.task_sampling != "none" and data_args.masking != "per_example":
+        raise UsageError(
+            f"--task_sampling {training_args.task_sampling} draws one task per sequence: it needs --masking per_example"
+        )
     if data_args.streaming:
         check_streaming(model_args, data_args, training_args)
-    schedule, weighting, callbacks = None, None, []
-    if data_args.task_sampling == "weights":
-        schedule = TaskSamplingSchedule(spec.num_tasks)
-        try:
-            weighting = TaskSamplingWeighting(training_args.build_weighting(), schedule)
-        except ValueError as err:
-            raise UsageError(f"--task_sampling weights with --weighting {training_args.weighting}: {err}") from err
-        callbacks.append(TaskSamplingCallback(schedule))
-        if training_args.reference_model is not None:
-            raise UsageError("--task_sampling weights minimises the plain mean: it cannot use --reference_model")
     check_checkpoint(model_args.model_name_or_path)
     check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
@@ -616,7 +605,7 @@ def run(argv: list[str]) -> dict:
     require_targets(train_dataset, "train", data_args, spec)
     require_targets(eval_dataset, "validation", data_args, spec)
 
-    def collator(seed: int, task_schedule: TaskSamplingSchedule | None = None) -> TaskGroupedMLMCollator:
+    def collator(seed: int) -> TaskGroupedMLMCollator:
         return TaskGroupedMLMCollator(
             tokenizer,
             spec,
@@ -624,7 +613,6 @@ def run(argv: list[str]) -> dict:
             mlm_probability=data_args.mlm_probability,
             pad_to_multiple_of=8 if training_args.fp16 or training_args.bf16 else None,
             seed=seed,
-            task_schedule=task_schedule,
         )
 
     eval_dataset = premask(
@@ -640,7 +628,7 @@ def run(argv: list[str]) -> dict:
         tokenizer_name or f"WordPiece trained on the training text (vocab_size {model_args.vocab_size})",
     )
     check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)
-    train_collator = collator(training_args.seed + training_args.process_index, schedule)
+    train_collator = collator(training_args.seed + training_args.process_index)
     write_run_config(training_args, settings)
     if data_args.streaming:  # every process reads its own files (Accelerate's default would read on process 0 only)
         training_args.accelerator_config.dispatch_batches = False
@@ -653,14 +641,12 @@ def run(argv: list[str]) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=PremaskedOrTrainingCollator(train_collator),  # new masks each epoch, the same ones on resume
-        weighting=weighting,
-        callbacks=callbacks,
     )
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
     recipe_settings = {
         "masking": data_args.masking,
-        "task_sampling": data_args.task_sampling,
+        "task_sampling": training_args.task_sampling,
         "mlm_probability": data_args.mlm_probability,
         "max_seq_length": data_args.max_seq_length,
     }
