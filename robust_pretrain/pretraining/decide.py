@@ -52,8 +52,9 @@ BUILT_IN_ARMS = ("natural", "sampling_control", "stratified", "minimax", "group_
 DEFAULT_RUN_OPTIONS = ["--config", "decoder_demo", "--max_steps", "300"]
 #: options decide sets per cell: given for every run they would change what an arm means
 OWNED_OPTIONS = (
-    "--seed", "--output_dir", "--weighting", "--loss_normalization", "--task_sampling", "--task_sampling_weights", "--importance_weighting", "--objective_weights", "--domain_weights",
-    "--reference_losses", "--reference_run", "--reference_model", "--overwrite_output_dir",
+    "--seed", "--output_dir", "--weighting", "--loss_normalization", "--task_sampling", "--task_sampling_weights",
+    "--importance_weighting", "--objective_weights", "--domain_weights", "--reference_losses", "--reference_run",
+    "--reference_model", "--overwrite_output_dir",
 )  # fmt: skip
 PROTOCOL_NAME = "protocol.json"
 CellRunner = Callable[[str, Path, list[str]], dict[str, Any]]
