@@ -84,13 +84,29 @@ def training_fingerprint(dataset: Any) -> str:
     return dataset_fingerprint(dataset)
 
 
+MODEL_SIZE_FIELDS = {  # config attribute -> what the card calls it
+    "num_hidden_layers": "layers",
+    "hidden_size": "hidden size",
+    "num_attention_heads": "attention heads",
+}
+
+
+def model_size(model: Any) -> dict[str, int]:
+    """The size of a transformers model (a peft model: its base model with the adapters) as provenance and cards state
+    it: the encoder's layers, hidden size and attention heads from its config, and its parameter count (shared
+    parameters, such as tied embeddings, counted once; adapters included)."""
+    size = {label: getattr(model.config, name) for name, label in MODEL_SIZE_FIELDS.items()}
+    size["parameters"] = sum(parameter.numel() for parameter in model.parameters())
+    return size
+
+
 @dataclass(frozen=True)
 class Provenance:
     """What a run's results depend on, the ``provenance`` block of its ``task_report.json`` (and of a domain-weights
     file): its tasks (domains, modalities), its tokenizer (``name`` and ``sha256`` of its definition; ``None``
     without one), the SHA-256 (:func:`dataset_fingerprint`) of its training data as read (before tokenisation) and of
     its held-out data as evaluated (tokenised, masked), and its model's size
-    (:func:`robust_pretrain.reporting.cards.model_size`). Every recipe writes it; every run that builds on an earlier
+    (:func:`model_size`). Every recipe writes it; every run that builds on an earlier
     one's output compares it with :func:`check_provenance`."""
 
     tasks: list[str]
@@ -111,8 +127,6 @@ class Provenance:
     ) -> Provenance:
         """A run's provenance from its tasks, tokenizer (``None``: none; named ``tokenizer_name``, else its
         ``name_or_path``), data fingerprints and model."""
-        from robust_pretrain.reporting.cards import model_size  # reporting imports this module
-
         described = None
         if tokenizer is not None:
             name = tokenizer_name or getattr(tokenizer, "name_or_path", None)

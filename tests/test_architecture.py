@@ -212,3 +212,130 @@ def test_checker_reports_a_forbidden_third_party_import_and_an_unplaced_package(
     problems = violations(toy_package, TOY_PAGE)
     assert "extra: no floor of architecture.md names it" in problems
     assert any(p.startswith("low imports transformers (allowed: ['torch'])") for p in problems)
+
+
+# --- one home per concern (docs/architecture.md, "House rules") ------------------------------------------------------
+
+#: the longest a library module and a function may be, in lines
+MODULE_LINES, FUNCTION_LINES = 600, 80
+#: the rooms that are larger today, each at most its size when the rule came in (they may shrink, never grow)
+SIZE_CEILINGS = {
+    "robust_pretrain/pretraining/causal_lm.py": 689,
+    "robust_pretrain/pretraining/pos_mlm.py": 668,
+    "robust_pretrain/testing/hub_server.py": 640,
+    "robust_pretrain/trainer.py": 880,
+    "robust_pretrain/vision/finetune.py": 1101,
+    "robust_pretrain/vision/modeling_multimae.py": 917,
+    "robust_pretrain/data/preprocessing.py:tokenize_and_tag": 96,
+    "robust_pretrain/pretraining/causal_lm.py:run": 135,
+    "robust_pretrain/pretraining/compare.py:run": 102,
+    "robust_pretrain/pretraining/multimae.py:run": 113,
+    "robust_pretrain/pretraining/pos_mlm.py:run": 114,
+    "robust_pretrain/vision/finetune.py:run_finetune": 146,
+}
+#: what only reporting/ builds: a recipe hands its results over instead of building a card itself
+CARD_BUILDERS = ("ModelCardContent", "FineTuningCardContent")
+
+
+def house_problems(package_dir: Path, ceilings: dict[str, int]) -> list[str]:
+    """Private names imported across modules, cards built outside reporting/, function-local imports and import
+    cycles inside reporting/, and rooms larger than the limits (or than their ceiling), one line each."""
+    problems, reporting_edges = [], set()
+    for path in sorted(package_dir.rglob("*.py")):
+        name = path.relative_to(package_dir.parent).as_posix()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        lines = len(path.read_text().splitlines())
+        if lines > max(MODULE_LINES, ceilings.get(name, 0)):
+            problems.append(f"{name}: {lines} lines (at most {ceilings.get(name, MODULE_LINES)})")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size, key = node.end_lineno - node.lineno + 1, f"{name}:{node.name}"
+                if size > max(FUNCTION_LINES, ceilings.get(key, 0)):
+                    problems.append(f"{key}: {size} lines (at most {ceilings.get(key, FUNCTION_LINES)})")
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(package_dir.name)):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    problems.append(f"{name}:{node.lineno} imports the private {', '.join(private)} of {node.module}")
+            if path.parent.name == "pretraining" and isinstance(node, ast.Call):
+                called = ast.unparse(node.func).rsplit(".", 1)[-1]
+                if called in CARD_BUILDERS:
+                    problems.append(f"{name}:{node.lineno} builds a {called}: cards are built in reporting/")
+        if path.parent.name == "reporting":
+            for node in runtime_imports(tree):
+                for module in imported_modules(node, path, package_dir):
+                    if module.startswith(f"{package_dir.name}.reporting.") and module.split(".")[-1] != path.stem:
+                        reporting_edges.add((path.stem, module.split(".")[-1]))
+                        if node.col_offset:
+                            problems.append(f"{name}:{node.lineno} imports {module} inside a function")
+    problems += [f"reporting/ import cycle: {' -> '.join(cycle)}" for cycle in cycles(reporting_edges)]
+    return problems
+
+
+def cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """One cycle through each node that lies on one (depth-first search)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    found = []
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == path[0]:
+                found.append([*path, nxt])
+            elif nxt not in path and nxt > path[0]:  # each cycle once, from its smallest node
+                walk(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def test_the_package_keeps_the_house_rules() -> None:
+    problems = house_problems(PACKAGE, SIZE_CEILINGS)
+    assert not problems, "one home per concern, small rooms:\n" + "\n".join(problems)
+
+
+def test_the_ceilings_are_the_sizes_of_today_or_smaller() -> None:
+    """A ceiling above a room's size would let it grow back: lower the ceiling (or drop it) when a room shrinks."""
+    package_dir = PACKAGE
+    loose = []
+    for key, ceiling in SIZE_CEILINGS.items():
+        path, _, function = key.partition(":")
+        source = (package_dir.parent / path).read_text()
+        if not function:
+            size = len(source.splitlines())
+        else:
+            node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == function)
+            size = node.end_lineno - node.lineno + 1
+        if size < ceiling or size <= (FUNCTION_LINES if function else MODULE_LINES):
+            loose.append(f"{key}: ceiling {ceiling}, size {size}")
+    assert not loose, "lower these ceilings in tests/test_architecture.py:\n" + "\n".join(loose)
+
+
+def test_house_rules_catch_a_private_import_a_card_in_a_recipe_a_reporting_cycle_and_a_big_room(tmp_path) -> None:
+    package = tmp_path / "robust_pretrain"
+    for sub in ("pretraining", "reporting"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "pretraining" / "one.py").write_text("def _helper():\n    pass\n")
+    (package / "pretraining" / "two.py").write_text(
+        "from robust_pretrain.pretraining.one import _helper\n"
+        "from robust_pretrain.reporting.cards import ModelCardContent\n"
+        "card = ModelCardContent(title='x')\n"
+    )
+    (package / "reporting" / "cards.py").write_text("from robust_pretrain.reporting.plots import draw\n")
+    (package / "reporting" / "plots.py").write_text("def draw():\n    from robust_pretrain.reporting.cards import x\n")
+    (package / "big.py").write_text("x = 1\n" * 601 + "def f():\n" + "    pass\n" * 80)
+    problems = house_problems(package, {})
+    assert problems == [
+        "robust_pretrain/big.py: 682 lines (at most 600)",
+        "robust_pretrain/big.py:f: 81 lines (at most 80)",
+        "robust_pretrain/pretraining/two.py:1 imports the private _helper of robust_pretrain.pretraining.one",
+        "robust_pretrain/pretraining/two.py:3 builds a ModelCardContent: cards are built in reporting/",
+        "robust_pretrain/reporting/plots.py:2 imports robust_pretrain.reporting.cards inside a function",
+        "reporting/ import cycle: cards -> plots -> cards",
+    ]
+    assert house_problems(package, {"robust_pretrain/big.py": 682, "robust_pretrain/big.py:f": 81})[:1] == [
+        "robust_pretrain/pretraining/two.py:1 imports the private _helper of robust_pretrain.pretraining.one"
+    ]

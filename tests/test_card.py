@@ -15,6 +15,7 @@ from test_recipe_pretrain import _one_thread, pretrained_run  # noqa: F401  (fix
 
 import robust_pretrain
 from robust_pretrain.data import DEFAULT_POS_TASKS, UPOS_TAGS
+from robust_pretrain.reference import model_size
 from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
     TEMPLATE,
@@ -23,7 +24,6 @@ from robust_pretrain.reporting.cards import (
     checkpoint_tokenizer,
     local_files,
     modality_tasks,
-    model_size,
     pos_tasks,
     render_model_card,
     trained_tokenizer,

@@ -24,8 +24,8 @@ from robust_pretrain.reference import (
     check_override,
     check_provenance,
     dataset_fingerprint,
+    model_size,
 )
-from robust_pretrain.reporting.cards import model_size
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 

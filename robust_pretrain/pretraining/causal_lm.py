@@ -72,6 +72,7 @@ from robust_pretrain.reference import (
     check_provenance,
     check_reference_run,
     dataset_fingerprint,
+    model_size,
 )
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.cards import (
@@ -82,7 +83,6 @@ from robust_pretrain.reporting.cards import (
     checkpoint_tokenizer,
     hub_dataset,
     local_files,
-    model_size,
 )
 from robust_pretrain.reporting.task_report import TRAJECTORY_PLOT_NAME, report_settings, write_report_and_card
 from robust_pretrain.task_sampling import FixedWeighting

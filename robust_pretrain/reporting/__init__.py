@@ -15,6 +15,7 @@
 Importing this package loads neither torch nor transformers (the publish command renders cards without them).
 """
 
+from robust_pretrain.reference import model_size
 from robust_pretrain.reporting.cards import (
     CARD_CONTENT_NAME,
     EWT_TRAINING_DATA,
@@ -30,7 +31,6 @@ from robust_pretrain.reporting.cards import (
     hub_dataset,
     local_files,
     modality_tasks,
-    model_size,
     pos_tasks,
     render_finetuning_card,
     render_model_card,

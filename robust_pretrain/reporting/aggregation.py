@@ -12,15 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
-def mean_std(values: Sequence[float]) -> dict[str, float]:
-    """``{"mean", "std"}`` of ``values``: the sample standard deviation, 0 for a single value."""
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-
-
-def worst_task(scores: Mapping[str, float], higher_is_better: bool) -> str:
-    """The task with the worst score: the lowest if higher is better, else the highest (the first on a tie)."""
-    return (min if higher_is_better else max)(scores, key=scores.__getitem__)
+from robust_pretrain.reporting.scoring import upstream_scores
+from robust_pretrain.reporting.statistics import mean_std, worst_task
 
 
 def task_summary(means: Mapping[str, float], higher_is_better: bool) -> dict[str, Any]:
@@ -66,7 +59,6 @@ def summarize_suite(
     ``tasks`` are the suite's :class:`SuiteTask` rows; a checkpoint is labelled by its short label unless two share
     one."""
     from robust_pretrain.evaluation.checkpoints import checkpoint_label, local_dir  # it imports this module
-    from robust_pretrain.reporting.scoring import upstream_scores  # scoring imports this module
 
     names = [task.name for task in tasks]
     higher_is_better = tasks[0].higher_is_better

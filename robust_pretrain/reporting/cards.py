@@ -228,22 +228,6 @@ class ModelCardContent:
         return cls(**{**data, "tasks": TaskFamily(**tasks), "training_data": TrainingData(**training_data)})
 
 
-MODEL_SIZE_FIELDS = {  # config attribute -> what the card calls it
-    "num_hidden_layers": "layers",
-    "hidden_size": "hidden size",
-    "num_attention_heads": "attention heads",
-}
-
-
-def model_size(model: Any) -> dict[str, int]:
-    """The size of a transformers model (a peft model: its base model with the adapters) as the card states it: the
-    encoder's layers, hidden size and attention heads from its config, and its parameter count (shared parameters,
-    such as tied embeddings, counted once; adapters included)."""
-    size = {label: getattr(model.config, name) for name, label in MODEL_SIZE_FIELDS.items()}
-    size["parameters"] = sum(parameter.numel() for parameter in model.parameters())
-    return size
-
-
 def trained_tokenizer(vocab_size: int) -> str:
     """Tokenizer origin: a WordPiece tokenizer trained on the run's training text."""
     return f"a WordPiece tokenizer trained on this run's training text (vocabulary of {vocab_size} tokens)"

@@ -13,6 +13,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from robust_pretrain.reference import model_size
 from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
     FineTunedMetric,
@@ -23,7 +24,6 @@ from robust_pretrain.reporting.cards import (
     hub_dataset,
     local_files,
     modality_tasks,
-    model_size,
     pos_tasks,
     trained_tokenizer,
 )

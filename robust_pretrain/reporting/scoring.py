@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from robust_pretrain.reporting.aggregation import mean_std, worst_task
+from robust_pretrain.reference import TASK_REPORT_NAME
+from robust_pretrain.reporting.statistics import mean_std, worst_task
 
 METRICS = ("raw", "excess", "regret")
 METRIC_CAPTIONS = {
@@ -135,8 +136,6 @@ def upstream_scores(checkpoints: Mapping[str, Path | None], baseline: str | None
     ``excess`` when every scored run trained against the same ``reference_losses``. None when no checkpoint has a
     report. Returns ``{"tasks", "baseline", "reference_losses", "skipped", "scores"}`` (``scores``: as
     :func:`aggregate_scores`, one seed per checkpoint; ``skipped``: checkpoints whose report has other tasks)."""
-    from robust_pretrain.reporting.task_report import TASK_REPORT_NAME  # task_report imports this module
-
     reports = {
         checkpoint: json.loads((directory / TASK_REPORT_NAME).read_text())
         for checkpoint, directory in checkpoints.items()

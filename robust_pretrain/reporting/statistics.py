@@ -94,3 +94,13 @@ def verdict(interval: Interval, smallest_effect: float) -> str:
     if interval.high < smallest_effect:
         return NO_EFFECT_OF_THAT_SIZE
     return INCONCLUSIVE
+
+
+def mean_std(values: Sequence[float]) -> dict[str, float]:
+    """``{"mean", "std"}`` of ``values``: the sample standard deviation, 0 for a single value."""
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def worst_task(scores: Mapping[str, float], higher_is_better: bool) -> str:
+    """The task with the worst score: the lowest if higher is better, else the highest (the first on a tie)."""
+    return (min if higher_is_better else max)(scores, key=scores.__getitem__)

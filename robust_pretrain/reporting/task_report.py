@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robust_pretrain.reference import TASK_REPORT_NAME, Provenance
-from robust_pretrain.reporting.aggregation import worst_task
 from robust_pretrain.reporting.plots import plot_task_trajectories
 from robust_pretrain.reporting.scoring import report_reference, score_line, score_losses
+from robust_pretrain.reporting.statistics import worst_task
 
 if TYPE_CHECKING:
     from robust_pretrain.trainer import MinimaxTrainer
