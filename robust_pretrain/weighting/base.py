@@ -1,9 +1,11 @@
 """Common base of the task-weighting strategies.
 
 A strategy turns per-task loss estimates into one weight per task, once per optimizer step. The trainer then
-minimises ``sum_t w_t * L_t``. Absent tasks always get weight 0. Over the present tasks P the weights of
-``proportional``, ``average``, ``minimax``, ``hardmax``, ``group_dro``, ``morbit`` and ``dwa`` sum to 1; those of
-``uncertainty`` (``0.5 * exp(-s_t)``) and ``gradnorm`` (``w_t / T``, 1 only with every task present) do not.
+minimises ``sum_t w_t * L_t``. Absent tasks get weight 0, except with ``doremi`` (``weighs_absent_tasks``), which
+weighs every task at every step (an absent task contributes no loss, but its weight counts in the time average and in
+online sampling; its weights sum to 1 over all tasks). Over the present tasks P the weights of ``proportional``,
+``average``, ``minimax``, ``hardmax``, ``group_dro``, ``morbit`` and ``dwa`` sum to 1; those of ``uncertainty``
+(``0.5 * exp(-s_t)``) and ``gradnorm`` (``w_t / T``, 1 only with every task present) do not.
 
 Weights of loss-driven strategies are constants (no gradient flows through them); strategies with learnable
 parameters (uncertainty, GradNorm) expose them through :meth:`Weighting.parameters` so the trainer's optimizer trains
@@ -35,9 +37,14 @@ class Weighting(ABC):
         reference_losses: one reference loss per task, for ``excess`` (static reference).
         loss_ema: exponential moving average factor ``beta`` of the estimates:
             ``est_t <- beta * est_t + (1 - beta) * L_t`` (0 uses the current step's loss, the paper's rule).
-        reference_model: ``excess`` against a frozen reference model (its path; the trainer runs it): its per-task
-            losses on the same targets, passed to :meth:`weights` at every step as ``reference_losses``, replace
+        reference_model: ``excess`` against a frozen reference model (its path; the trainer runs it): per-task
+            values on the same targets, passed to :meth:`weights` at every step as ``reference_losses``, replace
             static ``reference_losses``; their estimates follow the same EMA, so ``excess_t = max(est_t - ref_t, 0)``.
+        excess_clipping: with ``reference_model``, where the excess is clipped at 0: ``token`` (DoReMi's
+            ``mean over t's targets of max(l - l_ref, 0)``; the trainer passes as ``reference_losses`` the means of
+            ``min(l, l_ref)`` per target, so ``est_t - ref_t`` is that mean, exactly, and EMAs of both are its EMA) or
+            ``domain`` (``max(mean l - mean l_ref, 0)``: the excess of the task's mean loss; the trainer passes the
+            reference's means).
     """
 
     #: whether the weights follow the task losses (only those accept a loss normalisation and an EMA)
@@ -46,6 +53,8 @@ class Weighting(ABC):
     needs_grad_norms: bool = False
     #: whether :meth:`weights` needs the step's per-task target counts (proportional)
     needs_task_counts: bool = False
+    #: whether absent tasks get weight too (from their last estimate) instead of 0 (DoReMi)
+    weighs_absent_tasks: bool = False
 
     def __init__(
         self,
@@ -54,16 +63,22 @@ class Weighting(ABC):
         reference_losses: list[float] | None = DEFAULTS.reference_losses,
         loss_ema: float = DEFAULTS.loss_ema,
         reference_model: str | None = DEFAULTS.reference_model,
+        excess_clipping: str = DEFAULTS.excess_clipping,
     ) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         check_weighting_options(
-            loss_normalization=loss_normalization, reference_losses=reference_losses, loss_ema=loss_ema
+            loss_normalization=loss_normalization,
+            reference_losses=reference_losses,
+            loss_ema=loss_ema,
+            excess_clipping=excess_clipping,
         )
         if not self.loss_driven and (loss_normalization != "raw" or loss_ema):
             raise ValueError(f"{type(self).__name__} is not loss-driven: loss_normalization and loss_ema do not apply")
         if reference_model is not None and (loss_normalization != "excess" or reference_losses is not None):
             raise ValueError("reference_model needs loss_normalization='excess' and no static reference_losses")
+        if reference_model is None and excess_clipping != DEFAULTS.excess_clipping:
+            raise ValueError(f"excess_clipping={excess_clipping!r} applies to a reference_model only")
         if loss_normalization == "excess" and reference_model is None:
             if reference_losses is None or len(reference_losses) != num_tasks:
                 raise ValueError(
@@ -75,6 +90,7 @@ class Weighting(ABC):
         self.reference_losses = None if reference_losses is None else torch.tensor(reference_losses).float()
         self.loss_ema = loss_ema
         self.reference_model = reference_model
+        self.excess_clipping = excess_clipping
         self.reference_estimates = None if reference_model is None else torch.full((num_tasks,), math.nan)
         self.step = 0
         self.estimates = torch.full((num_tasks,), math.nan)
@@ -101,8 +117,9 @@ class Weighting(ABC):
                 NaN for a task whose norm was not measured at this step.
             task_counts: the step's number of targets of each task (all micro-batches and processes), for
                 strategies with ``needs_task_counts``.
-            reference_losses: with ``reference_model`` (and only then), the reference model's per-task mean losses on
-                the same targets as ``task_losses``, ``[T]``; entries outside ``observed`` are ignored.
+            reference_losses: with ``reference_model`` (and only then), per-task means on the same targets as
+                ``task_losses`` (see ``excess_clipping``: of ``min(l, l_ref)``, or of the reference's losses), ``[T]``;
+                entries outside ``observed`` are ignored.
         """
         if task_losses.shape != (self.num_tasks,) or present.shape != (self.num_tasks,):
             raise ValueError(
@@ -145,7 +162,8 @@ class Weighting(ABC):
                 kwargs["grad_norms"] = grad_norms
             if self.needs_task_counts:
                 kwargs["task_counts"] = counts
-            w = self._weights(self._normalize(estimates), present, **kwargs)
+            weighed = torch.ones_like(present) if self.weighs_absent_tasks else present
+            w = self._weights(self._normalize(estimates), weighed, **kwargs)
         self.step += 1
         return w
 
@@ -169,7 +187,8 @@ class Weighting(ABC):
 
     @abstractmethod
     def _weights(self, losses: torch.Tensor, present: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """The strategy's rule on normalised estimates; absent tasks must get weight 0."""
+        """The strategy's rule on normalised estimates (NaN: never estimated); tasks outside ``present`` must get
+        weight 0 (with ``weighs_absent_tasks``, ``present`` is every task)."""
 
     # ----------------------------------------------------------------------------------------------------------------
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -204,6 +223,8 @@ class Weighting(ABC):
             if name not in ("self", "num_tasks", "args", "kwargs") and hasattr(self, name)
         ]
         values = {name: getattr(self, name) for name in dict.fromkeys(names)}
+        if self.excess_clipping == DEFAULTS.excess_clipping:  # as in the checkpoints written before the option
+            values.pop("excess_clipping", None)
         return {name: value.tolist() if torch.is_tensor(value) else value for name, value in values.items()}
 
     def state_dict(self) -> dict[str, Any]:
