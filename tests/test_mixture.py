@@ -115,7 +115,7 @@ TOY_OPTIONS = [
 
 @pytest.mark.slow
 def test_toy_weights_match_the_closed_form(tmp_path):
-    args = mixture.MixtureArguments(output_dir=str(tmp_path), proxy_objective="minimax")
+    args = mixture.MixtureArguments(output_dir=str(tmp_path), proxy_objective="minimax", proxy_excess="held_out")
     exported = mixture.mixture_workflow(args, toy_stage, TOY_OPTIONS)
     reference = json.loads((tmp_path / "reference" / "task_report.json").read_text())
     for name, share in zip(DOMAINS, NATURAL, strict=True):  # ref_t = log k - log n_t
@@ -124,7 +124,7 @@ def test_toy_weights_match_the_closed_form(tmp_path):
     assert weights["common"] == pytest.approx(W1, abs=0.02) and weights["rare"] == pytest.approx(1 - W1, abs=0.02)
     saved = json.loads((tmp_path / "domain_weights.json").read_text())
     assert saved["weights"] == weights and saved["provenance"]["steps"] == 400
-    assert saved["provenance"]["objective"] == "minimax on the excess loss over the reference"
+    assert saved["provenance"]["objective"] == "minimax on the excess loss over the reference's held-out means"
     assert saved["provenance"]["reference_losses"] == reference["eval_task_loss"]
     # the main run drew its sequences with the weights (20,000 draws: standard deviation 0.0035), and its unigram
     # model puts about their mass on each domain's tokens (Adam's last steps follow the last batches' shares)
@@ -133,28 +133,94 @@ def test_toy_weights_match_the_closed_form(tmp_path):
     assert main["model_mass"]["common"] == pytest.approx(W1, abs=0.08)
 
 
-def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_path):
-    calls = []
+class FakeStages:
+    """A stage runner that trains nothing: it records each stage's options and writes a report whose weights are
+    ``weights`` (the same every round, so the rounds stop at round 2)."""
 
-    def runner(stage_dir: Path, options: list[str]) -> dict[str, Any]:
-        calls.append(stage_dir.name)
+    def __init__(self, weights: dict[str, float] | None = None) -> None:
+        self.calls: list[str] = []
+        self.options: dict[str, list[str]] = {}
+        self.weights = weights or {"rare": 0.5, "common": 0.5}
+
+    def __call__(self, stage_dir: Path, options: list[str]) -> dict[str, Any]:
+        self.calls.append(stage_dir.name)
+        self.options[stage_dir.name] = options
         stage_dir.mkdir(parents=True)
         report = {"tasks": DOMAINS, "eval_task_loss": {"rare": 2.0, "common": 1.0}, "provenance": TOY_PROVENANCE,
-                  "time_averaged_weights": {"rare": 0.5, "common": 0.5}, "train_steps": 3,
+                  "time_averaged_weights": self.weights, "train_steps": 3,
                   "mixture_weights": {"rare": 0.2, "common": 0.8}}  # fmt: skip
         (stage_dir / "task_report.json").write_text(json.dumps(report))
         return report
 
+
+def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_path, capsys):
+    runner = FakeStages()
     args = mixture.MixtureArguments(output_dir=str(tmp_path), rounds=3)
     exported = mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
-    # round 2 changed the weights by 0 < weights_tolerance: no third round
-    assert calls == ["reference", "proxy-1", "proxy-2", "main"]
-    assert exported["provenance"]["rounds"] == [{"rare": 0.5, "common": 0.5}] * 2
+    # round 2 (against a reference retrained with round 1's weights) changed the weights by 0: no third round
+    assert runner.calls == ["reference", "proxy-1", "reference-2", "proxy-2", "main"]
+    assert exported["provenance"]["rounds"] == [{"rare": 0.5, "common": 0.5}] * 2 and exported["reused"] == []
     assert read_domain_weights(str(tmp_path / "domain_weights.json"), DOMAINS)[0] == [0.5, 0.5]
-    mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
-    assert len(calls) == 4  # every stage reused
+    capsys.readouterr()
+    again = mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
+    assert len(runner.calls) == 5  # every stage reused, and the command says so
+    assert again["reused"] == ["reference", "proxy-1", "reference-2", "proxy-2", "main"]
+    assert f"= reused the finished stages reference, proxy-1, reference-2, proxy-2, main of {tmp_path}" in (
+        capsys.readouterr().out
+    )
     with pytest.raises(UsageError, match="reference ran with other options \\(--max_steps 3 -> 4\\)"):
         mixture.mixture_workflow(args, runner, ["--max_steps", "4"])
+
+
+def test_a_moved_mixture_folder_is_rerun_and_reused(tmp_path):
+    runner = FakeStages()
+    mixture.mixture_workflow(mixture.MixtureArguments(output_dir=str(tmp_path / "here")), runner, ["--max_steps", "3"])
+    # the stages record the mixture's own paths relative to its folder, and run with them resolved
+    proxy = json.loads((tmp_path / "here" / "proxy-1" / mixture.STAGE_NAME).read_text())["options"]
+    assert proxy[proxy.index("--reference_model") + 1] == "reference"
+    assert runner.options["proxy-1"][runner.options["proxy-1"].index("--reference_model") + 1] == str(
+        tmp_path / "here" / "reference"
+    )
+    (tmp_path / "here").rename(tmp_path / "there")
+    again = mixture.mixture_workflow(
+        mixture.MixtureArguments(output_dir=str(tmp_path / "there")), runner, ["--max_steps", "3"]
+    )
+    assert runner.calls == ["reference", "proxy-1", "main"] and again["reused"] == ["reference", "proxy-1", "main"]
+
+
+def test_proxy_options_reach_the_proxy_only(tmp_path):
+    config = tmp_path / "recipe.yaml"
+    config.write_text("max_steps: 5\nweighting: minimax\nalpha: 2.0\nloss_ema: 0.5\noutput_dir: elsewhere\n")
+    runner = FakeStages()
+    passed = ["--config", str(config), "--dro_smoothing", "0.01", "--max_steps", "3"]
+    mixture.mixture_workflow(mixture.MixtureArguments(output_dir=str(tmp_path / "mix")), runner, passed)
+    reference, proxy, main = (mixture.option_values(runner.options[name]) for name in ("reference", "proxy-1", "main"))
+    # the command line wins over the config; the config's weighting, alpha (minimax's) and output_dir are left out
+    assert reference["--max_steps"] == ["3"] and "--alpha" not in proxy and "--output_dir" not in reference
+    for other in (reference, main):
+        assert not {"--dro_smoothing", "--dro_step_size", "--loss_ema"} & set(other)
+        assert other["--weighting"] == ["proportional"]
+    assert proxy["--weighting"] == ["doremi"] and proxy["--dro_smoothing"] == ["0.01"]
+    assert proxy["--dro_step_size"] == ["1.0"]  # DoReMi's step size unless given
+    assert proxy["--loss_ema"] == ["0.5"]  # a config's option of the proxy objective reaches the proxy
+    assert proxy["--excess_clipping"] == ["token"] and proxy["--reference_model"] == [str(tmp_path / "mix/reference")]
+    runner = FakeStages()
+    args = mixture.MixtureArguments(output_dir=str(tmp_path / "given"), proxy_excess="held_out")
+    mixture.mixture_workflow(args, runner, ["--dro_step_size", "0.25"])
+    proxy = mixture.option_values(runner.options["proxy-1"])
+    assert proxy["--dro_step_size"] == ["0.25"] and proxy["--reference_losses"] == ["2.0", "1.0"]
+    assert "--reference_model" not in proxy
+
+
+def test_rounds_without_retraining_keep_the_first_reference_and_draw_with_the_last_weights(tmp_path):
+    runner = FakeStages()
+    args = mixture.MixtureArguments(output_dir=str(tmp_path), rounds=2, retrain_reference=False)
+    mixture.mixture_workflow(args, runner, [])
+    assert runner.calls == ["reference", "proxy-1", "proxy-2", "main"]
+    second = mixture.option_values(runner.options["proxy-2"])
+    assert second["--reference_model"] == [str(tmp_path / "reference")]
+    assert second["--domain_weights"] == [str(tmp_path / "domain_weights-1.json")]
+    assert "--domain_weights" not in mixture.option_values(runner.options["proxy-1"])
 
 
 @pytest.mark.slow
@@ -168,8 +234,8 @@ def test_the_mixture_command_runs_every_stage_of_the_causal_lm_recipe(tmp_path):
     reference = json.loads((root / "reference" / "task_report.json").read_text())
     assert reference["weighting"] == "proportional" and reference["mixture_kind"] == "natural"
     proxy = json.loads((root / "proxy-1" / "task_report.json").read_text())
-    assert proxy["settings"]["loss_normalization"] == "excess" and proxy["weighting"] == "group_dro"
-    assert proxy["settings"]["reference_losses"] == [reference["eval_task_loss"][d] for d in reference["tasks"]]
+    assert proxy["settings"]["loss_normalization"] == "excess" and proxy["weighting"] == "doremi"
+    assert proxy["settings"]["reference_model"] == str(root / "reference")
     assert exported["weights"] == proxy["time_averaged_weights"]
     # the same tokenizer, data and model: the main run accepts the weights and draws with them
     assert exported["provenance"]["tokenizer_sha256"] == reference["provenance"]["tokenizer_sha256"]
