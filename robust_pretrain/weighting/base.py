@@ -1,11 +1,11 @@
 """Common base of the task-weighting strategies.
 
 A strategy turns per-task loss estimates into one weight per task, once per optimizer step. The trainer then
-minimises ``sum_t w_t * L_t``. Absent tasks get weight 0, except with ``doremi`` (``weighs_absent_tasks``), which
-weighs every task at every step (an absent task contributes no loss, but its weight counts in the time average and in
-online sampling; its weights sum to 1 over all tasks). Over the present tasks P the weights of ``proportional``,
-``average``, ``minimax``, ``hardmax``, ``group_dro``, ``morbit`` and ``dwa`` sum to 1; those of ``uncertainty``
-(``0.5 * exp(-s_t)``) and ``gradnorm`` (``w_t / T``, 1 only with every task present) do not.
+minimises ``sum_t w_t * L_t``. Absent tasks get weight 0, except with ``doremi``, which weighs every task at every
+step (an absent task contributes no loss, but its weight counts in the time average and in online sampling; its
+weights sum to 1 over all tasks). Over the present tasks P the weights of ``proportional``, ``average``, ``minimax``,
+``hardmax``, ``group_dro``, ``morbit`` and ``dwa`` sum to 1; those of ``uncertainty`` (``0.5 * exp(-s_t)``) and
+``gradnorm`` (``w_t / T``, 1 only with every task present) do not.
 
 Weights of loss-driven strategies are constants (no gradient flows through them); strategies with learnable
 parameters (uncertainty, GradNorm) expose them through :meth:`Weighting.parameters` so the trainer's optimizer trains
@@ -53,8 +53,6 @@ class Weighting(ABC):
     needs_grad_norms: bool = False
     #: whether :meth:`weights` needs the step's per-task target counts (proportional)
     needs_task_counts: bool = False
-    #: whether absent tasks get weight too (from their last estimate) instead of 0 (DoReMi)
-    weighs_absent_tasks: bool = False
 
     def __init__(
         self,
@@ -162,8 +160,7 @@ class Weighting(ABC):
                 kwargs["grad_norms"] = grad_norms
             if self.needs_task_counts:
                 kwargs["task_counts"] = counts
-            weighed = torch.ones_like(present) if self.weighs_absent_tasks else present
-            w = self._weights(self._normalize(estimates), weighed, **kwargs)
+            w = self._weights(self._normalize(estimates), present, **kwargs)
         self.step += 1
         return w
 
@@ -187,8 +184,8 @@ class Weighting(ABC):
 
     @abstractmethod
     def _weights(self, losses: torch.Tensor, present: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """The strategy's rule on normalised estimates (NaN: never estimated); tasks outside ``present`` must get
-        weight 0 (with ``weighs_absent_tasks``, ``present`` is every task)."""
+        """The strategy's rule on normalised estimates (NaN: never estimated); tasks outside ``present`` get weight 0
+        (but with ``doremi``)."""
 
     # ----------------------------------------------------------------------------------------------------------------
     def parameters(self) -> list[torch.nn.Parameter]:

@@ -29,9 +29,6 @@ class DoReMiWeighting(Weighting):
     """Exponentiated-gradient domain weights over all domains, step ``dro_step_size`` (eta), smoothing
     ``dro_smoothing`` (c), updated from the smoothed weights."""
 
-    #: weighs every domain at every step, present or not (see :meth:`Weighting.weights`)
-    weighs_absent_tasks = True
-
     def __init__(
         self,
         num_tasks: int,
