@@ -152,7 +152,11 @@ def test_equal_excess_keeps_a_rare_domain_at_its_uniform_share() -> None:
     doremi = time_average("doremi", shares, 16, 300, dro_step_size=ETA, dro_smoothing=C)
     print("doremi time average:", np.round(doremi, 6).tolist())
     assert np.abs(doremi - 0.25).max() < 1e-6
-    # group DRO (Sagawa's, weight 0 and no update while absent) starves the rare domain on the same draws
+    # minimax weighing every domain (the mixture's minimax proxy) keeps them uniform too: softmax of equal losses
+    minimax = time_average("minimax", shares, 16, 300, weigh_absent_tasks=True)
+    assert np.abs(minimax - 0.25).max() < 1e-6
+    # weight 0 while absent (group DRO, Sagawa's, also skips the update; minimax by default) starves the rare domain
     sagawa = time_average("group_dro", shares, 16, 300, dro_step_size=ETA, dro_smoothing=C)
-    print("group_dro time average:", np.round(sagawa, 4).tolist())
-    assert sagawa[3] < 0.1
+    present_only = time_average("minimax", shares, 16, 300)
+    print("group_dro time average:", np.round(sagawa, 4).tolist(), "minimax:", np.round(present_only, 4).tolist())
+    assert sagawa[3] < 0.1 and present_only[3] < 0.1

@@ -210,6 +210,11 @@ def test_proxy_options_reach_the_proxy_only(tmp_path):
     proxy = mixture.option_values(runner.options["proxy-1"])
     assert proxy["--dro_step_size"] == ["0.25"] and proxy["--reference_losses"] == ["2.0", "1.0"]
     assert "--reference_model" not in proxy
+    runner = FakeStages()
+    args = mixture.MixtureArguments(output_dir=str(tmp_path / "minimax"), proxy_objective="minimax")
+    mixture.mixture_workflow(args, runner, ["--alpha", "3"])
+    proxy = mixture.option_values(runner.options["proxy-1"])
+    assert proxy["--alpha"] == ["3"] and proxy["--weigh_absent_tasks"] == ["true"] and "--dro_step_size" not in proxy
 
 
 def test_rounds_without_retraining_keep_the_first_reference_and_draw_with_the_last_weights(tmp_path):

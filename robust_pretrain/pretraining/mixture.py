@@ -89,7 +89,8 @@ class MixtureArguments:
         "doremi",
         "Strategy of the proxy run on the excess loss over the reference: doremi (DoReMi's Algorithm 1: every domain "
         "updated every step), group_dro (Sagawa et al.'s online group DRO: a domain absent from a step gets weight 0 "
-        "and no update, so rare domains are starved; kept to reproduce runs made before doremi) or minimax.",
+        "and no update, so rare domains are starved; kept to reproduce runs made before doremi) or minimax (with "
+        "--weigh_absent_tasks true unless given).",
         choices=["doremi", "group_dro", "minimax"],
     )
     proxy_excess: str = option(
@@ -252,7 +253,8 @@ def mixture_workflow(args: MixtureArguments, runner: StageRunner, passed: list[s
 
 def split_options(args: MixtureArguments, passed: list[str]) -> tuple[list[str], list[str]]:
     """``passed`` (a ``--config`` file expanded in place, the command line's options winning) -> the options of every
-    stage and the proxy's own options (``--dro_step_size 1.0`` added for doremi and group_dro unless given). Refused
+    stage and the proxy's own options (unless given: ``--dro_step_size 1.0`` for doremi and group_dro,
+    ``--weigh_absent_tasks true`` for minimax). Refused
     (:class:`UsageError`): the options the mixture sets itself, a proxy option the proxy objective does not take or a
     value it does not accept. A recipe config's ``weighting`` (and ``loss_normalization``) and the proxy options of
     that weighting are the standalone recipe's: the mixture leaves them out."""
@@ -295,8 +297,13 @@ def split_options(args: MixtureArguments, passed: list[str]) -> tuple[list[str],
             proxy += tokens if name in takes else []
         else:
             every_stage += tokens
-    if "dro_step_size" in takes and not any(token.startswith("--dro_step_size") for token in proxy):
-        proxy += ["--dro_step_size", repr(DOREMI_STEP_SIZE)]
+    defaults = {"dro_step_size": repr(DOREMI_STEP_SIZE)}
+    if args.proxy_objective == "minimax":  # as doremi does: absent domains keep their weight (no starved rare domain)
+        defaults["weigh_absent_tasks"] = "true"
+    given_to_proxy = {name for name, _ in option_groups(proxy)}
+    for name, value in defaults.items():
+        if name in takes and name not in given_to_proxy:
+            proxy += [f"--{name}", value]
     namespace, _ = OptionParser(WeightingArguments).parse_known_args(proxy)
     values = {each.name: getattr(namespace, each.name) for each in fields(WeightingArguments)}
     refuse(option_problems(WeightingArguments, values))

@@ -49,6 +49,11 @@ class WeightingArguments:
         0.0, "minimax: mix eps of the uniform distribution into the weights.", minimum=0, below=1
     )
     loss_ema: float = option(0.0, "Loss-driven strategies: EMA factor of the task-loss estimates.", minimum=0, below=1)
+    weigh_absent_tasks: bool = option(
+        False,
+        "Loss-driven strategies: weigh every task at every step, one absent from the step from its last estimate, "
+        "instead of giving it weight 0 (the weights then sum to 1 over all tasks; always on for doremi).",
+    )
     loss_normalization: str = option(
         "raw",
         "Loss-driven strategies: 'raw' (the paper), 'relative' (L_t / L_t at the first step) or 'excess' "

@@ -8,8 +8,9 @@ and ``excess_clipping='token'``, DoReMi's ``mean over the domain's tokens of max
     ``alpha'_t = alpha_{t-1} * exp(eta * lambda_t)``,  ``alpha_t = (1 - c) * alpha'_t / sum(alpha'_t) + c / T``,
 
 from ``alpha_0 = 1 / T``. The update starts from the *smoothed* weights of the previous step (the smoothing compounds,
-as in DoReMi's code) and weighs **every** domain at every step: a domain absent from the step keeps its last excess
-estimate (one never measured: the largest measured one, 0 before any), so the returned weights are the full vector
+as in DoReMi's code) and weighs **every** domain at every step (``weigh_absent_tasks``, always on): a domain absent
+from the step keeps its last excess estimate (one never measured: the largest current one), so the returned weights
+are the full vector
 ``alpha_t`` (absent domains included; they sum to 1) and its time average is DoReMi's output ``mean_t alpha_t``.
 Unlike :class:`~robust_pretrain.weighting.group_dro.GroupDROWeighting` (Sagawa et al.), absence neither zeroes a
 domain's weight nor skips its update.
@@ -37,6 +38,7 @@ class DoReMiWeighting(Weighting):
         **kwargs,
     ) -> None:
         super().__init__(num_tasks, **kwargs)
+        self.weigh_absent_tasks = True  # Algorithm 1 updates every domain at every step, whatever the option says
         check_weighting_options(dro_step_size=dro_step_size, dro_smoothing=dro_smoothing)
         self.dro_step_size = dro_step_size
         self.dro_smoothing = dro_smoothing
@@ -44,9 +46,7 @@ class DoReMiWeighting(Weighting):
         self.log_alpha = torch.full((num_tasks,), -math.log(num_tasks))
 
     def _weights(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        known = losses[~losses.isnan()]
-        excess = losses.nan_to_num(nan=float(known.max()) if known.numel() else 0.0).double()
-        updated = torch.softmax(self.log_alpha.double() + self.dro_step_size * excess, dim=0)
+        updated = torch.softmax(self.log_alpha.double() + self.dro_step_size * losses.double(), dim=0)
         alpha = (1 - self.dro_smoothing) * updated + self.dro_smoothing / self.num_tasks
         self.log_alpha = alpha.log().float()
         return alpha.float()
