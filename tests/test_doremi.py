@@ -5,6 +5,8 @@ domain at its uniform share."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -160,3 +162,18 @@ def test_equal_excess_keeps_a_rare_domain_at_its_uniform_share() -> None:
     present_only = time_average("minimax", shares, 16, 300)
     print("group_dro time average:", np.round(sagawa, 4).tolist(), "minimax:", np.round(present_only, 4).tolist())
     assert sagawa[3] < 0.1 and present_only[3] < 0.1
+
+
+def test_a_resumed_doremi_continues_exactly() -> None:
+    """The state (estimates, the smoothed weights) survives JSON: the resumed strategy's next weights are the
+    uninterrupted one's, bit for bit."""
+    options = dict(loss_normalization="excess", reference_losses=[1.0, 1.0, 1.0], dro_step_size=ETA)
+    steps = [([2.0, 1.5, 3.0], [1, 1, 0]), ([2.5, 1.0, 1.2], [1, 0, 1]), ([1.1, 1.9, 2.2], [1, 1, 1])]
+    uninterrupted = build_weighting("doremi", 3, **options)
+    for losses, present in steps[:2]:
+        uninterrupted.weights(torch.tensor(losses), torch.tensor(present).bool())
+    resumed = build_weighting("doremi", 3, **options)
+    resumed.load_state_dict(json.loads(json.dumps(uninterrupted.state_dict())))
+    losses, present = steps[2]
+    expected = uninterrupted.weights(torch.tensor(losses), torch.tensor(present).bool())
+    assert torch.equal(resumed.weights(torch.tensor(losses), torch.tensor(present).bool()), expected)
