@@ -15,7 +15,8 @@ into ``<output_dir>/<stage>``:
 1. ``reference``: natural proportions, the plain mean next-token loss (``--weighting proportional``).
 2. ``proxy-<r>``: ``--proxy_objective`` (``doremi``: Algorithm 1 of DoReMi, :mod:`robust_pretrain.weighting.doremi`,
    with DoReMi's step size 1.0 unless ``--dro_step_size`` is given) on the **excess** loss over the reference, with the
-   reference's tokenizer, drawing batches in natural proportions. ``--proxy_excess token`` (DoReMi's): the reference's
+   reference's tokenizer, drawing batches uniformly over the domains as DoReMi does (``--proxy_sampling natural``: in
+   the reference's proportions). ``--proxy_excess token`` (DoReMi's): the reference's
    checkpoint runs on each proxy batch (``--reference_model``) and the excess is the mean over a domain's tokens of
    ``max(l_proxy - l_ref, 0)``; ``held_out``: ``max(L_t - ref_t, 0)`` with the reference's held-out per-domain mean
    losses (no reference forward pass). Its domain weights are the strategy's weights averaged over all its optimizer
@@ -76,6 +77,8 @@ OWNED = (
 )
 #: options of the weighting strategies: the proxy's only
 PROXY_ONLY = tuple(each.name for each in fields(WeightingArguments) if each.name not in OWNED)
+#: the proxy's sampling weights with ``--proxy_sampling uniform``
+UNIFORM_NAME = "uniform_weights.json"
 #: DoReMi's step size (their code's default and the paper's), the mixture's default for doremi and group_dro
 DOREMI_STEP_SIZE = 1.0
 
@@ -92,6 +95,13 @@ class MixtureArguments:
         "and no update, so rare domains are starved; kept to reproduce runs made before doremi) or minimax (with "
         "--weigh_absent_tasks true unless given).",
         choices=["doremi", "group_dro", "minimax"],
+    )
+    proxy_sampling: str = option(
+        "uniform",
+        "How the proxy draws its batches: uniform over the domains (DoReMi's: every domain in nearly every batch, so "
+        "none keeps a stale excess while the losses fall) or natural (the reference's proportions; rare domains are "
+        "often absent and keep their last, higher excess: biased towards them early in training).",
+        choices=["uniform", "natural"],
     )
     proxy_excess: str = option(
         "token",
@@ -206,6 +216,9 @@ def mixture_workflow(args: MixtureArguments, runner: StageRunner, passed: list[s
     content: dict[str, Any] = {}
     for round_index in range(1, args.rounds + 1):
         sampling: Options = []
+        if args.proxy_sampling == "uniform":
+            (root / UNIFORM_NAME).write_text(json.dumps({"weights": dict.fromkeys(domains, 1.0)}, indent=2) + "\n")
+            sampling = ["--domain_weights", Path(UNIFORM_NAME)]
         if previous_file is not None and args.retrain_reference:
             reference_name = f"reference-{round_index}"
             reference_options = [*shared, "--weighting", "proportional", "--domain_weights", previous_file]
