@@ -245,6 +245,12 @@ def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_p
     # round 2 (against a reference retrained with round 1's weights) changed the weights by 0: no third round
     assert runner.calls == ["reference", "proxy-1", "reference-2", "proxy-2", "main"]
     assert exported["provenance"]["rounds"] == [{"rare": 0.5, "common": 0.5}] * 2 and exported["reused"] == []
+    # DoReMi's iterated version: round 2's reference trains on round 1's weights, and round 2's proxy runs against it
+    retrained, second = (mixture.option_values(runner.options[name]) for name in ("reference-2", "proxy-2"))
+    assert retrained["--domain_weights"] == [str(tmp_path / "domain_weights-1.json")]
+    assert second["--reference_model"] == [str(tmp_path / "reference-2")]
+    assert second["--domain_weights"] == [str(tmp_path / mixture.UNIFORM_NAME)]
+    assert exported["provenance"]["reference"] == "reference-2"
     assert read_domain_weights(str(tmp_path / "domain_weights.json"), DOMAINS)[0] == [0.5, 0.5]
     capsys.readouterr()
     again = mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
