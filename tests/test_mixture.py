@@ -138,7 +138,7 @@ def test_toy_weights_match_the_closed_form(tmp_path):
     assert weights["common"] == pytest.approx(W1, abs=0.02) and weights["rare"] == pytest.approx(1 - W1, abs=0.02)
     saved = json.loads((tmp_path / "domain_weights.json").read_text())
     assert saved["weights"] == weights and saved["provenance"]["steps"] == 400
-    assert saved["provenance"]["objective"] == "minimax on the excess loss over the reference's held-out means"
+    assert saved["provenance"]["objective"] == "minimax on the excess over the reference's held-out means"
     assert saved["provenance"]["reference_losses"] == reference["eval_task_loss"]
     # the main run drew its sequences with the weights (20,000 draws: standard deviation 0.0035), and its unigram
     # model puts about their mass on each domain's tokens (Adam's last steps follow the last batches' shares)
@@ -334,13 +334,14 @@ def test_the_mixture_command_runs_every_stage_of_the_causal_lm_recipe(tmp_path):
     exported = mixture.run(["--output_dir", str(tmp_path / "mix"), *passed])
     root = tmp_path / "mix"
     assert sorted(p.name for p in root.iterdir()) == [
-        "domain_weights-1.json", "domain_weights.json", "main", "proxy-1", "reference",
+        "domain_weights-1.json", "domain_weights.json", "main", "proxy-1", "reference", "uniform_weights.json",
     ]  # fmt: skip
     reference = json.loads((root / "reference" / "task_report.json").read_text())
     assert reference["weighting"] == "proportional" and reference["mixture_kind"] == "natural"
     proxy = json.loads((root / "proxy-1" / "task_report.json").read_text())
     assert proxy["settings"]["loss_normalization"] == "excess" and proxy["weighting"] == "doremi"
     assert proxy["settings"]["reference_model"] == str(root / "reference")
+    assert proxy["mixture_kind"] == "file" and set(proxy["mixture_weights"].values()) == {1 / len(proxy["tasks"])}
     assert exported["weights"] == proxy["time_averaged_weights"]
     # the same tokenizer, data and model: the main run accepts the weights and draws with them
     assert exported["provenance"]["tokenizer_sha256"] == reference["provenance"]["tokenizer_sha256"]

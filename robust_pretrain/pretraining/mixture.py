@@ -209,16 +209,19 @@ def mixture_workflow(args: MixtureArguments, runner: StageRunner, passed: list[s
     reused: list[str] = []
     reference_name = "reference"
     reference = run_stage(root, reference_name, [*shared, "--weighting", "proportional"], runner, reused)
-    domains = reference["tasks"]
+    domains, natural_weights = reference["tasks"], reference["mixture_weights"]
     shared = [*shared, "--tokenizer_name", Path(reference_name)]
+    if args.proxy_sampling == "uniform":
+        (root / UNIFORM_NAME).write_text(json.dumps({"weights": dict.fromkeys(domains, 1.0)}, indent=2) + "\n")
+    against = {
+        "token": "per-token excess over the reference model",
+        "held_out": "excess over the reference's held-out means",
+    }
     rounds: list[dict[str, float]] = []
     previous_file: Path | None = None
     content: dict[str, Any] = {}
     for round_index in range(1, args.rounds + 1):
-        sampling: Options = []
-        if args.proxy_sampling == "uniform":
-            (root / UNIFORM_NAME).write_text(json.dumps({"weights": dict.fromkeys(domains, 1.0)}, indent=2) + "\n")
-            sampling = ["--domain_weights", Path(UNIFORM_NAME)]
+        sampling: Options = ["--domain_weights", Path(UNIFORM_NAME)] if args.proxy_sampling == "uniform" else []
         if previous_file is not None and args.retrain_reference:
             reference_name = f"reference-{round_index}"
             reference_options = [*shared, "--weighting", "proportional", "--domain_weights", previous_file]
@@ -234,18 +237,15 @@ def mixture_workflow(args: MixtureArguments, runner: StageRunner, passed: list[s
         proxy = run_stage(root, f"proxy-{round_index}", [*options, *excess, *sampling], runner, reused)
         weights = proxy["time_averaged_weights"]
         rounds.append(weights)
-        against = "per-token excess over the reference model" if args.proxy_excess == "token" else (
-            "excess loss over the reference's held-out means"
-        )  # fmt: skip
         content = {
             "weights": weights,
             "provenance": {
                 **proxy["provenance"],
                 "steps": proxy["train_steps"],
-                "objective": f"{args.proxy_objective} on the {against}",
+                "objective": f"{args.proxy_objective} on the {against[args.proxy_excess]}",
                 "reference": reference_name,
                 "reference_losses": dict(zip(domains, reference_losses, strict=True)),
-                "natural_weights": reference["mixture_weights"],
+                "natural_weights": natural_weights,
                 "rounds": rounds,
             },
         }
