@@ -231,9 +231,9 @@ class FakeStages:
         self.calls.append(stage_dir.name)
         self.options[stage_dir.name] = options
         stage_dir.mkdir(parents=True)
+        drawn = {"rare": 0.5, "common": 0.5} if "--domain_weights" in options else {"rare": 0.2, "common": 0.8}
         report = {"tasks": DOMAINS, "eval_task_loss": {"rare": 2.0, "common": 1.0}, "provenance": TOY_PROVENANCE,
-                  "time_averaged_weights": self.weights, "train_steps": 3,
-                  "mixture_weights": {"rare": 0.2, "common": 0.8}}  # fmt: skip
+                  "time_averaged_weights": self.weights, "train_steps": 3, "mixture_weights": drawn}  # fmt: skip
         (stage_dir / "task_report.json").write_text(json.dumps(report))
         return report
 
@@ -251,6 +251,7 @@ def test_a_finished_stage_is_reused_and_one_run_with_other_options_refused(tmp_p
     assert second["--reference_model"] == [str(tmp_path / "reference-2")]
     assert second["--domain_weights"] == [str(tmp_path / mixture.UNIFORM_NAME)]
     assert exported["provenance"]["reference"] == "reference-2"
+    assert exported["provenance"]["natural_weights"] == {"rare": 0.2, "common": 0.8}  # the first reference's
     assert read_domain_weights(str(tmp_path / "domain_weights.json"), DOMAINS)[0] == [0.5, 0.5]
     capsys.readouterr()
     again = mixture.mixture_workflow(args, runner, ["--max_steps", "3"])
