@@ -147,6 +147,7 @@ class MinimaxTrainer(Trainer):
         self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
         self._device_rule_weights = self._rule_weights.to(self.args.device)  # the same, where the losses are
         self._step_counts: torch.Tensor | None = None
+        self._target_losses: torch.Tensor | None = None  # the last forward pass's per-target losses (detached)
         self._micro_index = 0
         #: each prefetched micro-batch's targets, by the identity of its ``labels`` (computed once per micro-batch)
         self._batch_targets: dict[int, tuple[torch.Tensor, TaskTargets]] = {}
@@ -325,7 +326,9 @@ class MinimaxTrainer(Trainer):
         return None if unique == size else unique
 
     def _reference_sums(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """The reference model's per-task loss sums on this micro-batch's targets (no gradient)."""
+        """The reference model's per-task loss sums on this micro-batch's targets (no gradient); with
+        ``excess_clipping='token'`` the sums of ``min(l, l_ref)`` per target (``l``: the trained model's loss on this
+        micro-batch), whose mean subtracted from the mean of ``l`` is DoReMi's ``mean of max(l - l_ref, 0)``."""
         with torch.no_grad():
             return self._task_sums(self.reference.model, inputs, reference=True)[0]
 
@@ -347,6 +350,11 @@ class MinimaxTrainer(Trainer):
             if self.label_smoother is not None:
                 raise ValueError(
                     "label_smoothing_factor: the model computes its own `task_losses`; smooth its targets in the model"
+                )
+            if reference and self.weighting.excess_clipping == "token":
+                raise ValueError(
+                    "excess_clipping='token' clips per target, and this model returns per-task `task_losses` only: "
+                    "use excess_clipping='domain'"
                 )
             return (*self._sums_from_dict(task_losses, outputs.get("task_counts")), outputs)
         if "labels" not in inputs:
@@ -378,6 +386,10 @@ class MinimaxTrainer(Trainer):
             elif logits.shape[0] != targets.positions.numel():
                 raise ValueError(f"logits of shape {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
             losses = per_target_losses(logits, targets.gather(labels), smoothing)
+        if not reference:
+            self._target_losses = losses.detach()  # the per-token side of excess_clipping='token'
+        elif self.weighting.excess_clipping == "token":
+            losses = torch.minimum(losses, self._target_losses.to(losses.dtype))
         sums, counts = reduce_by_task(losses, targets.ids, self.num_tasks, self.args.full_determinism)
         return sums, counts, outputs
 

@@ -20,7 +20,9 @@ source scripts/evidence_common.sh
 for seed in $SEEDS; do
   # shellcheck disable=SC2086  # EXTRA is a list of options
   run "mixture-seed-$seed" "$PY" recipes/domain_mixture.py --output_dir "$OUT/seed-$seed" \
-    --config decoder_demo --seed "$seed" --disable_tqdm true ${EXTRA:-}
+    --config decoder_demo --seed "$seed" --disable_tqdm true \
+    --proxy_objective group_dro --proxy_excess held_out --proxy_sampling natural --dro_step_size 0.01 \
+    ${EXTRA:-}  # the protocol's proxy
 done
 
 "$PY" scripts/decoder_evidence_tables.py --runs "$OUT" --seeds $SEEDS --timings "$OUT/timings.txt" \

@@ -109,4 +109,5 @@ def test_declarations_reach_the_help_and_the_checks(tmp_path: Path) -> None:
     expected = {"alpha": 1.0, "alpha_schedule": "constant", "alpha_auto": False, "alpha_auto_k": None}
     expected |= {"weight_floor": 0.0, "loss_ema": 0.0}
     expected |= {"loss_normalization": "raw", "reference_losses": None, "reference_model": None}
+    expected |= {"excess_clipping": "domain", "weigh_absent_tasks": False}
     assert args.weighting_options() == expected

@@ -14,7 +14,7 @@ from ports import free_port
 from processes import checkout_env
 from safetensors.torch import load_file
 from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401  (fixtures; the shared demo run)
-from tiny_training import TASKS, masked_examples, one_step_args, tiny_bert
+from tiny_training import TASKS, TaskLossBert, masked_examples, one_step_args, tiny_bert
 
 from robust_pretrain import MinimaxTrainer
 from robust_pretrain.cli import UsageError
@@ -102,6 +102,47 @@ def test_reference_model_weights_follow_the_excess_on_the_same_targets(tmp_path,
     assert torch.allclose(trainer.step_weights, expected, atol=1e-5)
     assert torch.allclose(trainer.weighting.reference_estimates, reference_losses, atol=1e-5)
     assert loss.item() == pytest.approx(float(expected @ losses), abs=1e-5)
+
+
+def test_token_clipping_is_the_mean_of_the_per_target_clipped_excess(tmp_path, reference_dir) -> None:
+    """``excess_clipping='token'`` (DoReMi's): step 1's weights are softmax(alpha * mean_t max(l - l_ref, 0)) over
+    each task's targets, both models' per-target losses recomputed here from full logits (sparse heads in the
+    trainer)."""
+    args = one_step_args(
+        str(tmp_path), TASKS, alpha=20.0, loss_normalization="excess", reference_model=str(reference_dir),
+        excess_clipping="token",
+    )  # fmt: skip
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args)
+    batch = masked_examples(8)
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([batch]), 1, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.compute_loss(trainer.model, dict(samples[0]))
+
+    from transformers import BertForMaskedLM
+
+    trainer.model.eval()
+    mask = batch["labels"] != -100
+    losses = [target_losses(model, batch) for model in (trainer.model, BertForMaskedLM.from_pretrained(reference_dir))]
+    clipped = (losses[0] - losses[1]).clamp_min(0)
+    ids = batch["task_ids"][mask]
+    excess = torch.stack([clipped[ids == t].mean() for t in range(len(TASKS))])
+    of_means = torch.stack([(losses[0] - losses[1])[ids == t].mean().clamp_min(0) for t in range(len(TASKS))])
+    assert (excess - of_means).abs().max() > 0.01  # clipping per target differs from clipping the means here
+    assert torch.allclose(trainer.step_weights, torch.softmax(20.0 * excess, dim=0), atol=1e-5)
+    assert trainer.weighting.options()["excess_clipping"] == "token"
+    # a model that returns per-task losses only has no per-target losses to clip
+    renamed = {("target_task_ids" if k == "task_ids" else k): v for k, v in batch.items()}
+    with pytest.raises(ValueError, match="excess_clipping='token' clips per target.*use excess_clipping='domain'"):
+        trainer._task_sums(TaskLossBert(), renamed, reference=True)
+
+
+def target_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``model``'s cross-entropy at each of the batch's targets, from full logits."""
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mask = batch["labels"] != -100
+    return torch.nn.functional.cross_entropy(logits[mask], batch["labels"][mask], reduction="none")
 
 
 def test_reference_model_runs_only_on_the_first_micro_batch(tmp_path, reference_dir) -> None:

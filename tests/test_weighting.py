@@ -61,6 +61,17 @@ def test_absent_task_keeps_its_estimate_and_gets_no_weight():
     assert torch.isclose(w.sum(), torch.tensor(1.0))
 
 
+def test_weigh_absent_tasks_weighs_an_absent_task_from_its_last_or_the_largest_estimate():
+    strategy = build_weighting("minimax", 3, weigh_absent_tasks=True)
+    w = strategy.weights(torch.tensor([1.0, 2.0, math.nan]), torch.tensor([True, True, False]))
+    assert torch.allclose(w, torch.softmax(torch.tensor([1.0, 2.0, 2.0]), 0))  # never seen: the largest estimate
+    w = strategy.weights(torch.tensor([5.0, math.nan, 4.0]), torch.tensor([True, False, True]))
+    assert torch.allclose(w, torch.softmax(torch.tensor([5.0, 2.0, 4.0]), 0))  # absent: its last estimate
+    assert build_weighting("doremi", 2).weigh_absent_tasks  # always, whatever the option says
+    with pytest.raises(ValueError, match=r"'uncertainty' does not take \['weigh_absent_tasks'\]"):
+        build_weighting("uncertainty", 2, weigh_absent_tasks=True)
+
+
 def test_present_but_unobserved_task_uses_last_or_largest_estimate():
     strategy = build_weighting("hardmax", 3)
     observed = torch.tensor([True, True, False])
@@ -292,7 +303,7 @@ def test_what_the_weights_sum_to_as_documented(name):
     extra = step_inputs(strategy)
     for _ in range(3):
         w = strategy.weights(torch.rand(4) * 3, present, **extra)
-    assert w[2] == 0
+    assert (w[2] > 0) if name == "doremi" else (w[2] == 0)  # doremi weighs every task, absent or not
     if name == "uncertainty":  # 0.5 * exp(-s_t) over the present tasks: 3/2 with s = 0
         assert w.sum().item() == pytest.approx(1.5)
     elif name == "gradnorm":  # w_t / T with w summing to T over all tasks

@@ -8,6 +8,7 @@ from typing import Any
 from .arguments import ALPHA_SCHEDULES, LOSS_NORMALIZATIONS, WeightingArguments
 from .average import AverageWeighting
 from .base import Weighting
+from .doremi import DoReMiWeighting
 from .dwa import DWAWeighting
 from .gradnorm import GradNormWeighting
 from .group_dro import GroupDROWeighting
@@ -24,6 +25,7 @@ WEIGHTINGS: dict[str, type[Weighting]] = {
     "minimax": MinimaxWeighting,
     "hardmax": HardmaxWeighting,
     "group_dro": GroupDROWeighting,
+    "doremi": DoReMiWeighting,
     "morbit": MorbitWeighting,
     "uncertainty": UncertaintyWeighting,
     "gradnorm": GradNormWeighting,
@@ -56,6 +58,7 @@ __all__ = [
     "WEIGHTINGS",
     "AverageWeighting",
     "DWAWeighting",
+    "DoReMiWeighting",
     "GradNormWeighting",
     "GroupDROWeighting",
     "HardmaxWeighting",

@@ -11,6 +11,7 @@ from robust_pretrain.options import option, option_problems
 
 LOSS_NORMALIZATIONS = ("raw", "relative", "excess")
 ALPHA_SCHEDULES = ("constant", "sqrt")
+EXCESS_CLIPPINGS = ("token", "domain")
 
 
 @dataclass
@@ -48,6 +49,11 @@ class WeightingArguments:
         0.0, "minimax: mix eps of the uniform distribution into the weights.", minimum=0, below=1
     )
     loss_ema: float = option(0.0, "Loss-driven strategies: EMA factor of the task-loss estimates.", minimum=0, below=1)
+    weigh_absent_tasks: bool = option(
+        False,
+        "Loss-driven strategies: weigh every task at every step, one absent from the step from its last estimate, "
+        "instead of giving it weight 0 (the weights then sum to 1 over all tasks; always on for doremi).",
+    )
     loss_normalization: str = option(
         "raw",
         "Loss-driven strategies: 'raw' (the paper), 'relative' (L_t / L_t at the first step) or 'excess' "
@@ -63,8 +69,17 @@ class WeightingArguments:
         "the trained model's class with the same vocabulary and tasks, run without gradient in eval mode on each "
         "optimizer step's first micro-batch; its per-task losses on the same targets are the step's reference.",
     )
-    dro_step_size: float = option(0.01, "group_dro: exponentiated-gradient step eta.", above=0)
-    dro_smoothing: float = option(1e-3, "group_dro: uniform smoothing eps.", minimum=0, below=1)
+    excess_clipping: str = option(
+        "domain",
+        "With reference_model: 'domain' clips the excess of the task's mean loss, max(mean l - mean l_ref, 0) (what "
+        "minimax on the excess targets; the only one for a model returning task_losses), 'token' clips per target, "
+        "the mean over a task's targets of max(l - l_ref, 0) (DoReMi's; robust-pretrain-mixture's default).",
+        choices=EXCESS_CLIPPINGS,
+    )
+    dro_step_size: float = option(
+        0.01, "group_dro, doremi: exponentiated-gradient step eta (DoReMi's: 1.0, the mixture's default).", above=0
+    )
+    dro_smoothing: float = option(1e-3, "group_dro, doremi: uniform smoothing eps (c).", minimum=0, below=1)
     morbit_step_size: float = option(0.01, "morbit: projected-ascent step gamma.", above=0)
     gradnorm_alpha: float = option(1.5, "gradnorm: asymmetry alpha.", minimum=0)
     dwa_temperature: float = option(2.0, "dwa: temperature tau.", above=0)
@@ -82,4 +97,11 @@ def check_weighting_options(**values: Any) -> None:
         raise ValueError("\n".join(problems))
 
 
-__all__ = ["ALPHA_SCHEDULES", "DEFAULTS", "LOSS_NORMALIZATIONS", "WeightingArguments", "check_weighting_options"]
+__all__ = [
+    "ALPHA_SCHEDULES",
+    "DEFAULTS",
+    "EXCESS_CLIPPINGS",
+    "LOSS_NORMALIZATIONS",
+    "WeightingArguments",
+    "check_weighting_options",
+]

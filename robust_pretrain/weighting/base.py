@@ -1,9 +1,12 @@
 """Common base of the task-weighting strategies.
 
 A strategy turns per-task loss estimates into one weight per task, once per optimizer step. The trainer then
-minimises ``sum_t w_t * L_t``. Absent tasks always get weight 0. Over the present tasks P the weights of
-``proportional``, ``average``, ``minimax``, ``hardmax``, ``group_dro``, ``morbit`` and ``dwa`` sum to 1; those of
-``uncertainty`` (``0.5 * exp(-s_t)``) and ``gradnorm`` (``w_t / T``, 1 only with every task present) do not.
+minimises ``sum_t w_t * L_t``. Absent tasks get weight 0, except with ``weigh_absent_tasks`` (always on for
+``doremi``), where every task is weighed at every step from its last estimate (an absent task contributes no loss, but
+its weight counts in the time average and in online sampling; the weights then sum to 1 over all tasks). Over the
+present tasks P the weights of ``proportional``, ``average``, ``minimax``, ``hardmax``, ``group_dro``, ``morbit`` and
+``dwa`` sum to 1; those of ``uncertainty`` (``0.5 * exp(-s_t)``) and ``gradnorm`` (``w_t / T``, 1 only with every task
+present) do not.
 
 Weights of loss-driven strategies are constants (no gradient flows through them); strategies with learnable
 parameters (uncertainty, GradNorm) expose them through :meth:`Weighting.parameters` so the trainer's optimizer trains
@@ -35,9 +38,16 @@ class Weighting(ABC):
         reference_losses: one reference loss per task, for ``excess`` (static reference).
         loss_ema: exponential moving average factor ``beta`` of the estimates:
             ``est_t <- beta * est_t + (1 - beta) * L_t`` (0 uses the current step's loss, the paper's rule).
-        reference_model: ``excess`` against a frozen reference model (its path; the trainer runs it): its per-task
-            losses on the same targets, passed to :meth:`weights` at every step as ``reference_losses``, replace
+        reference_model: ``excess`` against a frozen reference model (its path; the trainer runs it): per-task
+            values on the same targets, passed to :meth:`weights` at every step as ``reference_losses``, replace
             static ``reference_losses``; their estimates follow the same EMA, so ``excess_t = max(est_t - ref_t, 0)``.
+        weigh_absent_tasks: weigh every task at every step, a task absent from the step from its last estimate (one
+            never estimated: the largest current estimate), instead of giving it weight 0.
+        excess_clipping: with ``reference_model``, where the excess is clipped at 0: ``token`` (DoReMi's
+            ``mean over t's targets of max(l - l_ref, 0)``; the trainer passes as ``reference_losses`` the means of
+            ``min(l, l_ref)`` per target, so ``est_t - ref_t`` is that mean, exactly, and EMAs of both are its EMA) or
+            ``domain`` (``max(mean l - mean l_ref, 0)``: the excess of the task's mean loss; the trainer passes the
+            reference's means).
     """
 
     #: whether the weights follow the task losses (only those accept a loss normalisation and an EMA)
@@ -54,16 +64,26 @@ class Weighting(ABC):
         reference_losses: list[float] | None = DEFAULTS.reference_losses,
         loss_ema: float = DEFAULTS.loss_ema,
         reference_model: str | None = DEFAULTS.reference_model,
+        excess_clipping: str = DEFAULTS.excess_clipping,
+        weigh_absent_tasks: bool = DEFAULTS.weigh_absent_tasks,
     ) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         check_weighting_options(
-            loss_normalization=loss_normalization, reference_losses=reference_losses, loss_ema=loss_ema
+            loss_normalization=loss_normalization,
+            reference_losses=reference_losses,
+            loss_ema=loss_ema,
+            excess_clipping=excess_clipping,
         )
-        if not self.loss_driven and (loss_normalization != "raw" or loss_ema):
-            raise ValueError(f"{type(self).__name__} is not loss-driven: loss_normalization and loss_ema do not apply")
+        if not self.loss_driven and (loss_normalization != "raw" or loss_ema or weigh_absent_tasks):
+            raise ValueError(
+                f"{type(self).__name__} is not loss-driven: loss_normalization, loss_ema and weigh_absent_tasks do not "
+                "apply"
+            )
         if reference_model is not None and (loss_normalization != "excess" or reference_losses is not None):
             raise ValueError("reference_model needs loss_normalization='excess' and no static reference_losses")
+        if reference_model is None and excess_clipping != DEFAULTS.excess_clipping:
+            raise ValueError(f"excess_clipping={excess_clipping!r} applies to a reference_model only")
         if loss_normalization == "excess" and reference_model is None:
             if reference_losses is None or len(reference_losses) != num_tasks:
                 raise ValueError(
@@ -75,6 +95,8 @@ class Weighting(ABC):
         self.reference_losses = None if reference_losses is None else torch.tensor(reference_losses).float()
         self.loss_ema = loss_ema
         self.reference_model = reference_model
+        self.excess_clipping = excess_clipping
+        self.weigh_absent_tasks = bool(weigh_absent_tasks)
         self.reference_estimates = None if reference_model is None else torch.full((num_tasks,), math.nan)
         self.step = 0
         self.estimates = torch.full((num_tasks,), math.nan)
@@ -94,15 +116,17 @@ class Weighting(ABC):
 
         Args:
             task_losses: the step's per-task mean losses, ``[T]``; entries outside ``observed`` are ignored.
-            present: tasks with at least one target in this step. Only they get weight; the others keep their estimate.
+            present: tasks with at least one target in this step. Only they get weight (every task with
+                ``weigh_absent_tasks``); the others keep their estimate.
             observed: tasks whose entry of ``task_losses`` is a fresh measurement (default: ``present``). A task present
                 but not yet observed uses its last estimate (or, never seen, the largest current estimate).
             grad_norms: per-task gradient norms on the shared module, for strategies with ``needs_grad_norms``;
                 NaN for a task whose norm was not measured at this step.
             task_counts: the step's number of targets of each task (all micro-batches and processes), for
                 strategies with ``needs_task_counts``.
-            reference_losses: with ``reference_model`` (and only then), the reference model's per-task mean losses on
-                the same targets as ``task_losses``, ``[T]``; entries outside ``observed`` are ignored.
+            reference_losses: with ``reference_model`` (and only then), per-task means on the same targets as
+                ``task_losses`` (see ``excess_clipping``: of ``min(l, l_ref)``, or of the reference's losses), ``[T]``;
+                entries outside ``observed`` are ignored.
         """
         if task_losses.shape != (self.num_tasks,) or present.shape != (self.num_tasks,):
             raise ValueError(
@@ -132,8 +156,9 @@ class Weighting(ABC):
                     f"non-finite reference loss for task(s) {torch.nonzero(bad).flatten().tolist()} at step {self.step}"
                 )
             _ema_update(self.reference_estimates, reference_losses, observed, self.loss_ema)
+        weighed = torch.ones_like(present) if self.weigh_absent_tasks else present
         estimates = self.estimates.clone()
-        unseen = present & estimates.isnan()
+        unseen = weighed & estimates.isnan()
         if unseen.any():
             known = estimates[~estimates.isnan()]
             estimates[unseen] = known.max() if known.numel() else 0.0
@@ -145,7 +170,7 @@ class Weighting(ABC):
                 kwargs["grad_norms"] = grad_norms
             if self.needs_task_counts:
                 kwargs["task_counts"] = counts
-            w = self._weights(self._normalize(estimates), present, **kwargs)
+            w = self._weights(self._normalize(estimates), weighed, **kwargs)
         self.step += 1
         return w
 
@@ -169,7 +194,8 @@ class Weighting(ABC):
 
     @abstractmethod
     def _weights(self, losses: torch.Tensor, present: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """The strategy's rule on normalised estimates; absent tasks must get weight 0."""
+        """The strategy's rule on normalised estimates; tasks outside ``present`` (the tasks to weigh: every task
+        with ``weigh_absent_tasks``) must get weight 0."""
 
     # ----------------------------------------------------------------------------------------------------------------
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -204,6 +230,9 @@ class Weighting(ABC):
             if name not in ("self", "num_tasks", "args", "kwargs") and hasattr(self, name)
         ]
         values = {name: getattr(self, name) for name in dict.fromkeys(names)}
+        for name in ("excess_clipping", "weigh_absent_tasks"):  # at their defaults: as in checkpoints written before
+            if name in values and values[name] == getattr(DEFAULTS, name):
+                del values[name]
         return {name: value.tolist() if torch.is_tensor(value) else value for name, value in values.items()}
 
     def state_dict(self) -> dict[str, Any]:
