@@ -143,6 +143,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"{', '.join(ignored)}: not used by weighting={self.weighting!r}")
         if self.gradnorm_shared_module is not None and self.weighting != "gradnorm":
             raise ValueError(f"gradnorm_shared_module: not used by weighting={self.weighting!r}")
+        self._check_meaningful()
         # Fail now, naming the field, rather than when the trainer builds the strategy.
         self.build_weighting()
 
@@ -172,6 +173,27 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             check_checkpoint(self.reference_model, "--reference_model")
         else:
             self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(self.task_names)
+
+    def _check_meaningful(self) -> None:
+        """Refuse values accepted alone that mean nothing here; warn about a worst case over one task."""
+        tasks = len(self.task_names)
+        if self.reference_losses is not None and self.loss_normalization != "excess":
+            raise ValueError(
+                f"reference_losses: only used with loss_normalization='excess' (this run has "
+                f"{self.loss_normalization!r}); add --loss_normalization excess or drop them"
+            )
+        if self.alpha_auto_k is not None and self.alpha_auto_k > tasks:
+            raise ValueError(
+                f"alpha_auto_k {self.alpha_auto_k:g} exceeds the {tasks} tasks: the weights would be uniform "
+                f"(weighting='average'); choose a target in [1, {tasks}]"
+            )
+        if tasks == 1 and self.weighting not in ("average", "proportional"):
+            logger.warning(
+                "task_names %s: one task, so weighting=%r has no other task to weigh against: the run is plain "
+                "(not worst-case) training",
+                self.task_names,
+                self.weighting,
+            )
 
     def weighting_options(self) -> dict:
         """The options of the chosen strategy, read from this object's fields."""

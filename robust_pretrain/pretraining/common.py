@@ -58,6 +58,14 @@ def peek_option(argv: list[str], name: str, nargs: str | None = None) -> Any:
     return value
 
 
+def refuse_given_options(argv: list[str], names: list[str], why: str) -> None:
+    """Refuse, naming them, the options of ``names`` typed on the command line ``argv`` (a ``--config`` file may
+    hold them for other runs), since ``why`` they mean nothing in this run."""
+    given = [f"--{name}" for name in names if any(t == f"--{name}" or t.startswith(f"--{name}=") for t in argv)]
+    if given:
+        raise UsageError(f"{', '.join(given)}: {why}")
+
+
 # TrainingArguments fields that change what a run computes (MinimaxTrainingArguments' own fields are added).
 TRAINING_SETTINGS = (
     "seed",
