@@ -309,6 +309,11 @@ class MinimaxTrainer(Trainer):
         if chunked:
             losses = self.lm_loss.losses(outputs)
         else:
+            if isinstance(outputs, dict) and "logits" not in outputs:
+                raise ValueError(
+                    f"{type(model).__name__} returned no `logits` (its outputs: {sorted(outputs)}): MinimaxTrainer "
+                    "needs them for batches with `labels` and `task_ids`, or per-task losses as `task_losses`"
+                )
             logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
             if logits.shape[:-1] == labels.shape:
                 logits = targets.gather(logits)

@@ -130,6 +130,10 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         check_options(self)
         use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
+        if isinstance(self.task_names, str) or not all(isinstance(name, str) for name in self.task_names):
+            raise ValueError(
+                f"task_names must be a sequence of strings, e.g. ['verb', 'noun'], got {self.task_names!r}"
+            )
         if not self.task_names:
             raise ValueError("task_names: give the names of the upstream tasks, e.g. ['verb', 'noun', ...]")
         if len(set(self.task_names)) != len(self.task_names):

@@ -20,7 +20,10 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from robust_pretrain.cli import UsageError
 from robust_pretrain.config import load_config_file
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
-from robust_pretrain.output_dir import last_complete_checkpoint  # noqa: F401  (imported from here by the tests)
+from robust_pretrain.output_dir import (
+    disk_full_is_one_line,
+    last_complete_checkpoint,  # noqa: F401  (imported from here by the tests)
+)
 from robust_pretrain.reporting.scoring import score_losses
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
@@ -239,12 +242,14 @@ def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> Mi
 
 
 def train_and_evaluate(trainer: MinimaxTrainer, resume_checkpoint: str | None) -> dict[str, float]:
-    """Train (resuming if asked), save the model, metrics and state, evaluate; the evaluation metrics."""
-    train_result = trainer.train(resume_from_checkpoint=resume_checkpoint)
-    trainer.save_model()
-    trainer.log_metrics("train", train_result.metrics)
-    trainer.save_metrics("train", train_result.metrics)
-    trainer.save_state()
+    """Train (resuming if asked), save the model, metrics and state, evaluate; the evaluation metrics. A full disk
+    while saving is one line (:func:`~robust_pretrain.output_dir.disk_full_is_one_line`)."""
+    with disk_full_is_one_line(trainer.args.output_dir):
+        train_result = trainer.train(resume_from_checkpoint=resume_checkpoint)
+        trainer.save_model()
+        trainer.log_metrics("train", train_result.metrics)
+        trainer.save_metrics("train", train_result.metrics)
+        trainer.save_state()
     eval_metrics = trainer.evaluate()
     trainer.log_metrics("eval", eval_metrics)
     trainer.save_metrics("eval", eval_metrics)
