@@ -33,7 +33,9 @@ logger = logging.getLogger(__name__)
 
 
 def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Logger) -> None:
-    """INFO logs on the main process (``log_level`` "passive", as in run_mlm.py), warnings on the others."""
+    """INFO logs on the main process (``log_level`` "passive", as in run_mlm.py), warnings on the others. ``datasets``
+    says only its warnings, without progress bars: its caching chatter and bars on stderr would bury a refusal of the
+    data (one line) under some twenty lines."""
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO,
@@ -44,7 +46,8 @@ def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Log
     log_level = training_args.get_process_log_level()
     for each in (logger, *loggers):
         each.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
+    datasets.utils.logging.set_verbosity(max(log_level, logging.WARNING))
+    datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity(log_level)
 
 
