@@ -360,9 +360,9 @@ def require_modality_targets(
             reasons[spec.name] = f"no labelled pixel: every pixel is the ignore index {spec.ignore_index}{after}"
         else:
             tests[spec.name] = lambda image: True
-            reasons[spec.name] = "no example has the modality (--unmatched partial)"
-    for name in modalities_without_targets(data, processor, tests):
-        refuse_tasks_without_targets("modality", [name], [0], split, reasons[name])
+    for name, present in modalities_without_targets(data, processor, tests).items():
+        reason = reasons[name] if present else "no example has the modality (--unmatched partial)"
+        refuse_tasks_without_targets("modality", [name], [0], split, reason)
 
 
 @dataclass

@@ -930,7 +930,8 @@ def require_task_targets(task: str, data: TaskData, data_args: DenseDataArgument
         test = {task: lambda depth: bool(((depth >= data_args.min_depth) & (depth <= cap)).any())}
     for split, dataset in (("training", data.train), ("held-out", data.evaluation)):
         missing = modalities_without_targets(dataset, decoder, test)
-        refuse_tasks_without_targets("task", [task], [0 if missing else 1], split, reason)
+        if missing:
+            refuse_tasks_without_targets("task", [task], [0], split, reason if missing[task] else f"no {task} map")
 
 
 def warn_reduced_labels(checkpoint: str, task: str, do_reduce_labels: bool) -> None:

@@ -254,19 +254,20 @@ def _open_image(path: str) -> Image.Image:
 
 def modalities_without_targets(
     dataset: Any, processor: MultiMAEImageProcessor, has_target: Mapping[str, Callable[[Any], bool]]
-) -> list[str]:
-    """The modalities of ``has_target`` (columns of ``dataset``) of which no example has a target: decoded by
-    ``processor``, a map has one when ``has_target[name](map)`` holds. Reading stops once every modality has one (at
-    the first example, in usual data)."""
+) -> dict[str, bool]:
+    """The modalities of ``has_target`` (columns of ``dataset``) of which no example has a target, each with whether
+    any example has the modality at all: decoded by ``processor``, a map has a target when ``has_target[name](map)``
+    holds. Reading stops once every modality has one (at the first example, in usual data)."""
     pending = [name for name in has_target if name in dataset.column_names]
     found: set[str] = set()
+    present: set[str] = set()
     for index, example in enumerate(dataset.select_columns(pending) if pending else []):
         for name in pending:
             value = example[name]
             if name not in found and value is not None:
-                decoded = processor.decode_example({name: value}, f"row {index}")[name]
-                if has_target[name](decoded):
+                present.add(name)
+                if has_target[name](processor.decode_example({name: value}, f"row {index}")[name]):
                     found.add(name)
         if len(found) == len(pending):
             break
-    return [name for name in pending if name not in found]
+    return {name: name in present for name in pending if name not in found}
