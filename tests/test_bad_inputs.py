@@ -389,7 +389,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     (
         "finetune-dense",
         [*DENSE, "{images}/far_held_out", "--task", "depth", "--max_depth", "6"],
-        ["task depth: no target in the held-out data (no valid depth pixel: none in [0.001, 6] metres"],
+        ["task depth: no target in the held-out data (no valid depth pixel: none within [0.001, 6] metres"],
     ),  # fmt: skip
     # item 4: late tracebacks become start-up checks
     (

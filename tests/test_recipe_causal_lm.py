@@ -121,6 +121,22 @@ def test_drawn_domains_follow_the_weights_and_every_process_draws_its_rows_of_on
     assert statistic < chi2.ppf(0.999, df=2), drawn.tolist()
 
 
+def test_the_draw_within_a_domain_covers_every_sequence_uniformly():
+    """A drawn domain's sequence is uniform over that domain's sequences: every one is drawn, the last included, each
+    about as often as the others (chi-squared)."""
+    counts = [5, 7, 3]
+    collator = DomainCollator(
+        0, TaskSamplingSchedule(3, fixed_weights=[1.0, 1.0, 1.0]), _sequences(counts), seed=4, rows_per_process=8
+    )
+    drawn = torch.cat([collator([{}] * 8)["input_ids"][:, 0] for _ in range(300)])
+    for domain, count in enumerate(counts):
+        frequency = torch.bincount(drawn[drawn // 100 == domain] % 100, minlength=count).double()
+        assert len(frequency) == count and bool((frequency > 0).all()), (domain, frequency.tolist())
+        expected = frequency.sum() / count
+        statistic = float(((frequency - expected) ** 2 / expected).sum())
+        assert statistic < chi2.ppf(0.999, df=count - 1), (domain, frequency.tolist())
+
+
 def test_the_draw_of_a_step_depends_on_the_seed_step_and_micro_batch_only():
     assert batch_seed(1, 5, 0) == batch_seed(1, 5, 0)
     assert len({batch_seed(1, 5, 0), batch_seed(1, 5, 1), batch_seed(1, 6, 0), batch_seed(2, 5, 0)}) == 4
