@@ -12,8 +12,11 @@ changed.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from processes import checkout_env
 from test_recipe_pretrain import DEMO_CONFIG, MINILM
 from tiny_training import TASKS, VOCAB, masked_examples, one_step_args, tiny_bert
 from tiny_vision import tiny_config
@@ -719,3 +723,77 @@ def test_the_matrix_is_large_enough() -> None:
     scripts = {script for script, _, _ in CONSOLE_CASES}
     assert scripts == set(SCRIPTS)
     assert len(CONSOLE_CASES) + len(API_CASES) >= 80
+
+
+# ----------------------------------------------------------------------------- issue 29: warnings, quiet refusals
+def test_a_worst_case_over_one_task_warns(tmp_path: Path, caplog) -> None:
+    """One task (or domain) under a worst-case strategy is plain training: a warning line says so; the plain mean
+    over one task needs none."""
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.training_args"):
+        MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="minimax")
+    assert "task_names ['web']: one task, so weighting='minimax' has no other task" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.training_args"):
+        MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="average")
+        MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web", "mail"], weighting="minimax")
+    assert "one task" not in caplog.text
+
+
+def test_fine_tuning_without_the_label_reduction_of_pretraining_warns(tmp_path: Path, caplog) -> None:
+    """A checkpoint whose saved image processor reduced the labels (0 = unlabelled): a semseg fine-tuning without
+    --do_reduce_labels is warned; with it, or for another task, or a checkpoint without reduction, nothing is said."""
+    reduced, plain = tmp_path / "reduced", tmp_path / "plain"
+    MultiMAEImageProcessor(do_reduce_labels=True).save_pretrained(reduced)
+    MultiMAEImageProcessor().save_pretrained(plain)
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune"):
+        dense_finetune.warn_reduced_labels(str(reduced), "semseg", do_reduce_labels=False)
+    assert f"{reduced} was pre-trained with --do_reduce_labels (0 = unlabelled)" in caplog.text
+    assert "pass --do_reduce_labels true" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune"):
+        dense_finetune.warn_reduced_labels(str(reduced), "semseg", do_reduce_labels=True)
+        dense_finetune.warn_reduced_labels(str(reduced), "depth", do_reduce_labels=False)
+        dense_finetune.warn_reduced_labels(str(plain), "semseg", do_reduce_labels=False)
+    assert caplog.text == ""
+
+
+def test_a_full_disk_while_saving_is_one_line(workspace: Path, capsys, monkeypatch) -> None:
+    """safetensors' error for a full disk during training or saving: one line naming --output_dir, exit status 2."""
+    from safetensors import SafetensorError
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(MinimaxTrainer, "train", full_disk)
+    out = workspace / "run"
+    domains = [token.format(tmp=workspace) for token in TWO_DOMAINS]
+    status = causal_lm.main(["--config", "decoder_demo", "--output_dir", str(out), *domains])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    message = [line for line in err.splitlines() if line.startswith("robust-pretrain-causal-lm: error: ")]
+    assert len(message) == 1 and f"no space left on the device of --output_dir {out} while saving" in message[0]
+    assert "rerun the same command: it resumes from the last complete checkpoint" in message[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "options", "fragment"),
+    [
+        ("pos_mlm", ["--config", "demo", "--train_file", "{tmp}/foreign.txt"], "contains no word of the tasks"),
+        ("causal_lm", ["--config", "decoder_demo", *TWO_DOMAINS[:2], "blank={tmp}/blank.txt"], "domain blank"),
+    ],
+    ids=["non-English text", "blank domain"],
+)
+def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: list[str], fragment: str, workspace):
+    """In a fresh process (the console's own logging), a refusal after the data are loaded and tokenised is one line,
+    the last on stderr, without the progress bars and caching chatter of ``datasets`` (the model's own INFO log, which
+    the recipes turn on, may precede it)."""
+    (workspace / "foreign.txt").write_text("Съешь же ещё этих мягких французских булок да выпей чаю .\n" * 40)
+    argv = [_fill(token, workspace, workspace) for token in [*options, "--output_dir", "{tmp}/run", "--max_steps", "1"]]
+    code = f"import sys; from robust_pretrain.pretraining import {module}; sys.exit({module}.main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=checkout_env())
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("robust-pretrain-")]
+    assert len(errors) == 1 and errors[0] == lines[-1] and fragment in errors[0], done.stderr
+    noise = ("examples/s", "Generating train split", "Caching", "Downloading", "custom data configuration")
+    assert not [line for line in lines if any(word in line for word in noise)], done.stderr

@@ -589,6 +589,7 @@ def run(argv: list[str]) -> dict:
     parser = OptionParser((CausalModelArguments, DomainDataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(task_names=domain_names_before_parse(argv), report_to=[], save_total_limit=2)
     model_args, data_args, training_args = parse_with_config(parser, argv)
+    setup_logging(training_args, logger)  # before the data are read: datasets' progress bars off
     if model_args.model_name_or_path is not None:
         refuse_given_options(argv, FROM_SCRATCH, "from-scratch options, unused with --model_name_or_path")
         check_checkpoint(model_args.model_name_or_path)
@@ -617,7 +618,6 @@ def run(argv: list[str]) -> dict:
         except ValueError as err:
             raise UsageError(f"--domain_sampling online with --weighting {training_args.weighting}: {err}") from err
 
-    setup_logging(training_args, logger)
     logger.info("domains %s (texts %s) weighting=%s", texts.names, text_counts, training_args.weighting)
     settings = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
     settings.update(training_settings(training_args), domains=texts.names)
