@@ -85,7 +85,8 @@ class MinimaxTrainer(Trainer):
     """``Trainer`` whose loss is ``sum_t w_t L_t`` with weights from a :mod:`robust_pretrain.weighting` strategy.
 
     Batches carry ``labels`` and ``task_ids`` (token-level, same shape as ``labels``, or one id per example; ``-100``
-    or any negative id marks a non-target). Alternatively the model returns ``task_losses`` (a dict task name ->
+    marks a non-target; another negative id on a labelled element, an id >= T or a label outside the logits' classes
+    is an error). Alternatively the model returns ``task_losses`` (a dict task name ->
     mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are pooled over
     processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
     micro-batch (with accumulation, a task missing from it gets no weight in that step, and ``step_weights`` holds the
