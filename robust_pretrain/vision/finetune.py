@@ -909,8 +909,9 @@ def write_classification_results(
 
 
 def require_task_targets(task: str, data: TaskData, data_args: DenseDataArguments) -> None:
-    """Refuse semseg data without a labelled pixel, or depth data without a pixel the metrics score (within
-    ``[--min_depth, --max_depth]``), in the training or the evaluation split: nothing would be learned or scored."""
+    """Refuse semseg data without a labelled pixel in the training or the evaluation split, and depth data without a
+    valid pixel in training or one the metrics score (within ``[--min_depth, --max_depth]``) in evaluation: nothing
+    would be learned or scored."""
     if task == "classification":
         return
     decoder = MultiMAEImageProcessor(
@@ -921,17 +922,22 @@ def require_task_targets(task: str, data: TaskData, data_args: DenseDataArgument
     if task == "semseg":
         after = " after --do_reduce_labels (0 = unlabelled)" if data_args.do_reduce_labels else ""
         reason = f"no labelled pixel: every pixel is the ignore index {data_args.ignore_index}{after}"
-        test = {task: lambda classes: bool((classes != data_args.ignore_index).any())}
+        labelled = {task: lambda classes: bool((classes != data_args.ignore_index).any())}
+        checks = {"training": (labelled, reason), "held-out": (labelled, reason)}
     else:
         cap = math.inf if data_args.max_depth is None else data_args.max_depth
-        reason = (
-            f"no valid depth pixel: none within [{data_args.min_depth:g}, {cap:g}] metres (--min_depth, --max_depth)"
-        )
-        test = {task: lambda depth: bool(((depth >= data_args.min_depth) & (depth <= cap)).any())}
+        scored = {task: lambda depth: bool(((depth >= data_args.min_depth) & (depth <= cap)).any())}
+        within = f"none within [{data_args.min_depth:g}, {cap:g}] metres (--min_depth, --max_depth)"
+        positive = {task: lambda depth: bool((depth > 0).any())}
+        checks = {
+            "training": (positive, "no valid depth pixel"),
+            "held-out": (scored, f"no valid depth pixel: {within}"),
+        }
     for split, dataset in (("training", data.train), ("held-out", data.evaluation)):
+        test, why = checks[split]
         missing = modalities_without_targets(dataset, decoder, test)
         if missing:
-            refuse_tasks_without_targets("task", [task], [0], split, reason if missing[task] else f"no {task} map")
+            refuse_tasks_without_targets("task", [task], [0], split, why if missing[task] else f"no {task} map")
 
 
 def warn_reduced_labels(checkpoint: str, task: str, do_reduce_labels: bool) -> None:
