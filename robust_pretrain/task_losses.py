@@ -13,13 +13,12 @@ IGNORE_INDEX = -100
 
 
 def refuse_on_device(bad: torch.Tensor, message: str) -> None:
-    """Raise ``ValueError(message)`` if the boolean scalar ``bad`` holds: at once on the CPU, without a host sync
-    elsewhere (an asynchronous device assertion, surfacing as a ``RuntimeError`` at the next synchronisation)."""
-    if bad.device.type == "cpu":
-        if bool(bad):
-            raise ValueError(message)
-    else:
+    """Fail if the boolean scalar ``bad`` holds, without a host sync: an asynchronous device assertion, which on the
+    CPU is checked at once (``ValueError(message)``) and on an accelerator surfaces at its next synchronisation."""
+    try:
         torch._assert_async(~bad, message)
+    except RuntimeError as err:  # only the CPU raises here
+        raise ValueError(message) from err
 
 
 class TaskTargets:
