@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,20 @@ def claim_for_new_run(
         for earlier in path.glob(pattern):
             shutil.rmtree(earlier) if earlier.is_dir() else earlier.unlink()
     path.mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def disk_full_is_one_line(output_dir: str | Path) -> Iterator[None]:
+    """Turn a full disk while saving (an ``OSError`` ENOSPC, or safetensors' ``SafetensorError`` wrapping it) into one
+    :class:`UsageError` line: a rerun of the same command resumes from the last complete checkpoint."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError) as err:
+        if getattr(err, "errno", None) != errno.ENOSPC and "No space left on device" not in str(err):
+            raise
+        raise UsageError(
+            f"no space left on the device of --output_dir {output_dir} while saving ({type(err).__name__}); free "
+            "space and rerun the same command: it resumes from the last complete checkpoint"
+        ) from err

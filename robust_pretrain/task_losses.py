@@ -12,13 +12,23 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
+def refuse_on_device(bad: torch.Tensor, message: str) -> None:
+    """Fail if the boolean scalar ``bad`` holds, without a host sync: an asynchronous device assertion, which on the
+    CPU is checked at once (``ValueError(message)``) and on an accelerator surfaces at its next synchronisation."""
+    try:
+        torch._assert_async(~bad, message)
+    except RuntimeError as err:  # only the CPU raises here
+        raise ValueError(message) from err
+
+
 class TaskTargets:
     """The targets of one micro-batch and their tasks, computed once and shared by the counting, the forward pass and
     the per-task reduction, with one device->host synchronisation (:attr:`positions`, the targets' number).
 
     ``task_ids`` is either token-level (same shape as ``labels``) or example-level (shape ``[batch]``, broadcast over
     the remaining label dimensions). A target is an element whose task id is ``>= 0`` and, for integer labels, whose
-    label is not ``-100``. Task ids ``>= num_tasks`` fail an asynchronous device check (on the CPU: at once).
+    label is not ``-100``. Task ids ``>= num_tasks``, and negative ids other than ``-100`` on a labelled element,
+    fail a device check (:func:`refuse_on_device`: a ``ValueError`` at once on the CPU, asynchronous elsewhere).
     """
 
     def __init__(self, labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> None:
@@ -32,9 +42,14 @@ class TaskTargets:
         mask = task_ids >= 0
         if not labels.is_floating_point():
             mask &= labels != IGNORE_INDEX
-        # no host sync: a failed check surfaces at the device's next synchronisation
-        torch._assert_async(
-            ~(mask & (task_ids >= num_tasks)).any(), f"task_ids: a target's task id is >= the {num_tasks} tasks"
+        refuse_on_device(
+            (mask & (task_ids >= num_tasks)).any(), f"task_ids: a target's task id is >= the {num_tasks} tasks"
+        )
+        labelled = torch.ones_like(mask) if labels.is_floating_point() else labels != IGNORE_INDEX
+        refuse_on_device(
+            (labelled & (task_ids < 0) & (task_ids != IGNORE_INDEX)).any(),
+            f"task_ids: a labelled element has a negative task id other than {IGNORE_INDEX} (ids are 0..{num_tasks - 1}"
+            f", or {IGNORE_INDEX} for no target)",
         )
         self.labels = labels
         self.mask = mask
@@ -92,6 +107,11 @@ def per_target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothin
         if label_smoothing:
             raise ValueError("label_smoothing_factor applies to class labels; these labels are float targets")
         return (logits.float().reshape(labels.shape) - labels.float()).pow(2)
+    classes = logits.shape[-1]
+    refuse_on_device(
+        ((labels < 0) | (labels >= classes)).any(),
+        f"labels: a target's class id is outside 0..{classes - 1}, the classes of the logits (the vocabulary)",
+    )
     return F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=label_smoothing)
 
 

@@ -92,7 +92,8 @@ class MinimaxTrainer(Trainer):
     """``Trainer`` whose loss is ``sum_t w_t L_t`` with weights from a :mod:`robust_pretrain.weighting` strategy.
 
     Batches carry ``labels`` and ``task_ids`` (token-level, same shape as ``labels``, or one id per example; ``-100``
-    or any negative id marks a non-target). Alternatively the model returns ``task_losses`` (a dict task name ->
+    marks a non-target; another negative id on a labelled element, an id >= T or a label outside the logits' classes
+    is an error). Alternatively the model returns ``task_losses`` (a dict task name ->
     mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are pooled over
     processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
     micro-batch (with accumulation, a task missing from it gets no weight in that step, and ``step_weights`` holds the
@@ -380,6 +381,11 @@ class MinimaxTrainer(Trainer):
         if chunked:
             losses = self.lm_loss.losses(outputs)
         else:
+            if isinstance(outputs, dict) and "logits" not in outputs:
+                raise ValueError(
+                    f"{type(model).__name__} returned no `logits` (its outputs: {sorted(outputs)}): MinimaxTrainer "
+                    "needs them for batches with `labels` and `task_ids`, or per-task losses as `task_losses`"
+                )
             logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
             if logits.shape[:-1] == labels.shape:
                 logits = targets.gather(logits)

@@ -165,6 +165,10 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         check_options(self)
         use_cpu_when_launched_without_accelerator(self)
         super().__post_init__()
+        if isinstance(self.task_names, str) or not all(isinstance(name, str) for name in self.task_names or []):
+            raise ValueError(
+                f"task_names must be a sequence of strings, e.g. ['verb', 'noun'], got {self.task_names!r}"
+            )
         if len(set(self.task_names)) != len(self.task_names):
             raise ValueError(f"task_names: names must be unique, got {self.task_names}")
         self._check_reference()
@@ -176,6 +180,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"{', '.join(ignored)}: not used by weighting={self.weighting!r}")
         if self.gradnorm_shared_module is not None and self.weighting != "gradnorm":
             raise ValueError(f"gradnorm_shared_module: not used by weighting={self.weighting!r}")
+        self._check_meaningful()
         if self.task_names:
             strategy = self.bind_tasks(self.task_names)
         else:  # the strategy's checks that do not depend on T, for a stand-in number of tasks
@@ -185,6 +190,29 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
                 options["reference_losses"] = [0.0] * stand_in
             strategy = build_weighting(self.weighting, stand_in, **options)
         self._check_sampling(strategy)
+
+    def _check_meaningful(self) -> None:
+        """Refuse values accepted alone that mean nothing here (the checks that need the tasks: :meth:`bind_tasks`)."""
+        if self.reference_losses is not None and self.loss_normalization != "excess":
+            raise ValueError(
+                f"reference_losses: only used with loss_normalization='excess' (this run has "
+                f"{self.loss_normalization!r}); add --loss_normalization excess or drop them"
+            )
+
+    def _check_for_tasks(self, tasks: int) -> None:
+        """Refuse ``alpha_auto_k`` above the number of tasks; warn about a worst case over one task."""
+        if self.alpha_auto_k is not None and self.alpha_auto_k > tasks:
+            raise ValueError(
+                f"alpha_auto_k {self.alpha_auto_k:g} exceeds the {tasks} tasks: the weights would be uniform "
+                f"(weighting='average'); choose a target in [1, {tasks}]"
+            )
+        if tasks == 1 and self.weighting not in ("average", "proportional"):
+            logger.warning(
+                "task_names %s: one task, so weighting=%r has no other task to weigh against: the run is plain "
+                "(not worst-case) training",
+                self.task_names,
+                self.weighting,
+            )
 
     def bind_tasks(self, task_names: Sequence[str]) -> Weighting:
         """The checks that need the tasks (``MinimaxTrainer`` calls this with the data's tasks): set ``task_names``
@@ -204,6 +232,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         if self.reference_run is not None and self.reference_losses is None:
             self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(names)
         self.task_names = names
+        self._check_for_tasks(len(names))
         return self.build_weighting()
 
     def _check_sampling(self, strategy: Weighting) -> None:

@@ -3,21 +3,30 @@ nothing written (issue 17). A new case is one line in a table.
 
 Console cases run ``main(argv)`` in-process: ``argv`` is the script's base command line plus the case's options
 (later options win); ``{out}`` is an existing output directory holding a user's file, ``{tmp}`` the test's folder
-(with ``file.txt``, ``empty.txt``, ``binary.txt``, ``bad.parquet``, ``typo.yaml``, ``weights.json``), ``{mmae}`` a
-tiny MM-MAE checkpoint, ``{ro}`` a path where nothing can be created. Each case checks that no file under ``{tmp}``
+(with ``file.txt``, ``empty.txt``, ``blank.txt``, ``binary.txt``, ``bad.parquet``, ``typo.yaml``, ``weights.json``,
+``overflow.json``, ``strings.json``, ``booleans.json``), ``{mmae}`` a tiny MM-MAE checkpoint, ``{images}`` image folders
+(:func:`image_folders`), ``{ro}`` a path where nothing can be created. Each case checks that no file under ``{tmp}``
 changed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
+from processes import checkout_env
 from test_recipe_pretrain import DEMO_CONFIG, MINILM
+from tiny_training import TASKS, VOCAB, masked_examples, one_step_args, tiny_bert
 from tiny_vision import tiny_config
 from transformers import AutoTokenizer
 
@@ -27,6 +36,7 @@ from robust_pretrain.glue import finetune as glue_finetune
 from robust_pretrain.hub import main as publish_main
 from robust_pretrain.options import LoraArguments
 from robust_pretrain.pretraining import causal_lm, compare, mixture, multimae, pos_mlm
+from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision import export, pseudo_label
 from robust_pretrain.vision import finetune as dense_finetune
@@ -90,6 +100,10 @@ SCRIPTS: dict[str, tuple[Callable[[list[str]], int], str, list[str]]] = {
     "export-vit": (export.main, "robust-pretrain-export-vit", []),
     "publish": (publish_main, "robust-pretrain-publish", []),
 }
+
+FOLDER = ["--num_semseg_classes", "3", "--image_size", "16", "--patch_size", "4", "--num_visible_tokens", "8"]
+DENSE = ["--num_labels", "3", "--eval_split", "test", "--image_folder"]
+TWO_DOMAINS = ["--domain_files", "web={tmp}/train.txt", "mail={tmp}/train.txt"]
 
 # (script, options, fragments the error must contain)
 CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
@@ -350,6 +364,99 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("mixture", ["--weights_tolerance", "0"], ["--weights_tolerance must be > 0"]),
     ("mixture", ["--proxy_objective", "dwa"], ["--proxy_objective", "invalid choice: 'dwa'"]),
     ("mixture", ["--domain_files", "web={tmp}/empty.txt"], ["--domain_files web=", "empty.txt is empty"]),
+    # issue 29 item 1: a task, domain or modality without targets, in the training or the held-out data
+    (
+        "causal-lm",
+        ["--domain_files", "web={tmp}/train.txt", "blank={tmp}/blank.txt"],
+        ["domain blank: no target in the training data (no text after tokenisation"],
+    ),  # fmt: skip
+    (
+        "pos-mlm",
+        ["--max_seq_length", "32", "--vocab_size", "100"],
+        ["tasks adjective, pronoun, conjunction, interjection: no target in the training data", "no word of its UPOS"],
+    ),  # fmt: skip
+    (
+        "multimae",
+        ["--image_folder", "{images}/plain", *FOLDER, "--max_depth", "0.1"],
+        ["modality depth: no target in the training data (no valid depth pixel: none is within (0, 0.1] metres"],
+    ),  # fmt: skip
+    (
+        "multimae",
+        ["--image_folder", "{images}/far_held_out", *FOLDER, "--max_depth", "6"],
+        ["modality depth: no target in the held-out data (no valid depth pixel"],
+    ),  # fmt: skip
+    (
+        "multimae",
+        ["--image_folder", "{images}/unlabelled", *FOLDER, "--do_reduce_labels", "true"],
+        ["modality semseg: no target in the training data (no labelled pixel", "after --do_reduce_labels"],
+    ),  # fmt: skip
+    (
+        "multimae",
+        ["--image_folder", "{images}/no_training_depth", *FOLDER, "--unmatched", "partial"],
+        ["modality depth: no target in the training data (no example has the modality (--unmatched partial))"],
+    ),  # fmt: skip
+    (
+        "finetune-dense",
+        [*DENSE, "{images}/unlabelled", "--do_reduce_labels", "true"],
+        ["task semseg: no target in the training data (no labelled pixel", "after --do_reduce_labels"],
+    ),  # fmt: skip
+    (
+        "finetune-dense",
+        [*DENSE, "{images}/far_held_out", "--task", "depth", "--max_depth", "6"],
+        ["task depth: no target in the held-out data (no valid depth pixel: none within [0.001, 6] metres"],
+    ),  # fmt: skip
+    # item 4: late tracebacks become start-up checks
+    (
+        "finetune-dense",
+        ["--task", "depth", "--min_depth", "2", "--max_depth", "1"],
+        ["--max_depth 1 must exceed --min_depth 2"],
+    ),  # fmt: skip
+    (
+        "causal-lm",
+        [*TWO_DOMAINS, "--domain_weights", "{tmp}/overflow.json"],
+        ["--domain_weights", "overflow.json: the weights' sum overflows"],
+    ),  # fmt: skip
+    # item 5: values that mean nothing are refused like their siblings
+    ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/strings.json"], ["weights must be JSON numbers"]),
+    ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/booleans.json"], ["weights must be JSON numbers"]),
+    ("pos-mlm", ["--reference_losses", *"123456789"], ["reference_losses: only used with loss_normalization='excess'"]),
+    (
+        "pos-mlm",
+        ["--loss_normalization", "relative", "--reference_losses", *"123456789"],
+        ["reference_losses: only used with loss_normalization='excess' (this run has 'relative')"],
+    ),  # fmt: skip
+    ("pos-mlm", ["--alpha_auto_k", "10"], ["alpha_auto_k 10 exceeds the 9 tasks"]),
+    (
+        "causal-lm",
+        ["--streaming", "true", *TWO_DOMAINS, "--tokenizer_name", str(MINILM), "--validation_split_percentage", "10"],
+        ["--validation_split_percentage: not used with --streaming"],
+    ),  # fmt: skip
+    (
+        "causal-lm",
+        ["--model_name_or_path", "{mmae}", "--model_size", "mini"],
+        ["--model_size: from-scratch options, unused with --model_name_or_path"],
+    ),  # fmt: skip
+    (
+        "pos-mlm",
+        ["--model_name_or_path", str(MINILM), "--vocab_size", "100", "--model_size", "small"],
+        ["--model_size, --vocab_size: from-scratch options, unused with a checkpoint"],
+    ),  # fmt: skip
+    (
+        "multimae",
+        ["--model_name_or_path", "{mmae}", "--patch_size", "8"],
+        ["--patch_size: from-scratch options, unused with --model_name_or_path"],
+    ),  # fmt: skip
+    # item 7: NYUv2's raw labels (0 = unlabelled, 1..K) without --do_reduce_labels: the hint names it first
+    (
+        "finetune-dense",
+        [*DENSE, "{images}/raw_labels"],
+        ["class id 3 outside 0..2: if 0 marks unlabelled pixels", "pass --do_reduce_labels true", "otherwise raise"],
+    ),  # fmt: skip
+    (
+        "multimae",
+        ["--image_folder", "{images}/raw_labels", *FOLDER],
+        ["class id 3 outside 0..2", "pass --do_reduce_labels true (do_reduce_labels=True); otherwise raise"],
+    ),  # fmt: skip
     # export-vit
     ("export-vit", [str(MINILM), "{tmp}/vit"], ["checkpoint", "is not an MM-MAE checkpoint"]),
     ("export-vit", ["{mmae}", "{tmp}/file.txt"], ["output_dir", "is a file"]),
@@ -368,6 +475,32 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
 
 def _tiny_tokenizer():
     return AutoTokenizer.from_pretrained(MINILM)
+
+
+class NoLogits(torch.nn.Module):
+    """A model returning hidden states but no ``logits``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        return {"last_hidden_state": self.embed(input_ids)}
+
+
+def _one_step(tmp: Path, change: Callable[[dict], dict], model: torch.nn.Module | None = None) -> torch.Tensor:
+    """The loss of one training step of a tiny BERT (or ``model``) on pre-masked examples changed by ``change``; the
+    trainer (which creates its output directory when built) writes beside ``tmp``."""
+    trainer = MinimaxTrainer(model=model or tiny_bert(), args=one_step_args(str(tmp.parent / "trainer"), TASKS))
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([change(masked_examples(4))]), 1, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer.compute_loss(trainer.model, dict(samples[0]))
+
+
+def _task_one_as(value: int, column: str) -> Callable[[dict], dict]:
+    """Set ``column`` to ``value`` at the targets of task 1."""
+    return lambda batch: {**batch, column: torch.where(batch["task_ids"] == 1, value, batch[column])}
 
 
 # (name, construction, exception type, fragment of its message)
@@ -436,6 +569,49 @@ API_CASES: list[tuple[str, Callable[[Path], object], type[Exception], str]] = [
     ("processor depth", lambda tmp: MultiMAEImageProcessor(depth_scale=math.inf), ValueError, "depth_scale"),
     ("processor std", lambda tmp: MultiMAEImageProcessor(image_std=[1.0, math.nan, 1.0]), ValueError, "image_std"),
     ("processor flip", lambda tmp: MultiMAEImageProcessor(flip_probability=2.0), ValueError, "flip_probability"),
+    # issue 29 items 5 and 6
+    (
+        "task id -1",
+        lambda tmp: _one_step(tmp, _task_one_as(-1, "task_ids")),
+        ValueError,
+        "task_ids: a labelled element has a negative task id other than -100",
+    ),  # fmt: skip
+    (
+        "label = vocabulary size",
+        lambda tmp: _one_step(tmp, _task_one_as(VOCAB, "labels")),
+        ValueError,
+        f"labels: a target's class id is outside 0..{VOCAB - 1}",
+    ),  # fmt: skip
+    (
+        "model without logits",
+        lambda tmp: _one_step(tmp, lambda batch: batch, NoLogits()),
+        ValueError,
+        "NoLogits returned no `logits` (its outputs: ['last_hidden_state'])",
+    ),  # fmt: skip
+    (
+        "task_names a string",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names="verb"),
+        ValueError,
+        "task_names must be a sequence of strings",
+    ),  # fmt: skip
+    (
+        "task_names numbers",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=[1, 2]),
+        ValueError,
+        "task_names must be a sequence of strings",
+    ),  # fmt: skip
+    (
+        "reference losses, raw",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a", "b"], reference_losses=[1.0, 2.0]),
+        ValueError,
+        "reference_losses: only used with loss_normalization='excess' (this run has 'raw')",
+    ),  # fmt: skip
+    (
+        "alpha_auto_k above T",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=["a", "b"], alpha_auto_k=2.5),
+        ValueError,
+        "alpha_auto_k 2.5 exceeds the 2 tasks",
+    ),  # fmt: skip
 ]
 
 
@@ -453,6 +629,9 @@ def workspace(tmp_path: Path) -> Path:
     (tmp_path / "out" / "notes.txt").write_text("mine")
     (tmp_path / "file.txt").write_text("a file, not a directory\n")
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("\n" * 4)
+    for name, weights in (("overflow", 1e308), ("strings", "0.5"), ("booleans", True)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"weights": {"web": weights, "mail": weights}}))
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (tmp_path / "typo.yaml").write_text("max_stepz: 3\n")
@@ -468,8 +647,39 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def _fill(token: str, tmp: Path, mmae: Path) -> str:
-    return token.format(tmp=tmp, out=tmp / "out", mmae=mmae)
+def _fill(token: str, tmp: Path, mmae: Path, images: Path | None = None) -> str:
+    return token.format(tmp=tmp, out=tmp / "out", mmae=mmae, images=images)
+
+
+def _write_frames(split_dir: Path, depth_mm: int, classes: tuple[int, int], with_depth: bool = True) -> None:
+    """Two 16x16 frames: random rgb, depth of ``depth_mm`` (16-bit PNG, mm), semseg ids in ``classes`` (min, max)."""
+    rng = np.random.default_rng(0)
+    for modality in ("rgb", "depth", "semseg"):
+        (split_dir / modality).mkdir(parents=True, exist_ok=True)  # an empty depth/ folder: no frame has depth
+    for stem in ("f0", "f1"):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(split_dir / "rgb" / f"{stem}.png")
+        if with_depth:
+            Image.fromarray(np.full((16, 16), depth_mm, np.uint16)).save(split_dir / "depth" / f"{stem}.png")
+        semseg = rng.integers(classes[0], classes[1] + 1, (16, 16), dtype=np.uint8)
+        Image.fromarray(semseg).save(split_dir / "semseg" / f"{stem}.png")
+
+
+@pytest.fixture(scope="module")
+def image_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``plain`` (depth 2 m, classes 0..2), ``far_held_out`` (held-out depth 7 m), ``unlabelled`` (semseg all 0),
+    ``raw_labels`` (classes 1..3, NYUv2 style), ``no_training_depth`` (no training frame has depth); train and test."""
+    root = tmp_path_factory.mktemp("images")
+    layouts = {
+        "plain": ((2000, (0, 2), True), (2000, (0, 2), True)),
+        "far_held_out": ((2000, (0, 2), True), (7000, (0, 2), True)),
+        "unlabelled": ((2000, (0, 0), True), (2000, (0, 0), True)),
+        "raw_labels": ((2000, (1, 3), True), (2000, (1, 3), True)),
+        "no_training_depth": ((2000, (0, 2), False), (2000, (0, 2), True)),
+    }
+    for name, (train, test) in layouts.items():
+        _write_frames(root / name / "train", *train)
+        _write_frames(root / name / "test", *test)
+    return root
 
 
 @pytest.mark.parametrize(
@@ -478,7 +688,14 @@ def _fill(token: str, tmp: Path, mmae: Path) -> str:
     ids=[f"{script}:{' '.join(options)[:60]}" for script, options, _ in CONSOLE_CASES],
 )
 def test_console_refuses_bad_input(
-    script: str, options: list[str], fragments: list[str], workspace: Path, mmae_checkpoint: Path, capsys, monkeypatch
+    script: str,
+    options: list[str],
+    fragments: list[str],
+    workspace: Path,
+    mmae_checkpoint: Path,
+    image_folders: Path,
+    capsys,
+    monkeypatch,
 ) -> None:
     main, prog, base = SCRIPTS[script]
 
@@ -486,7 +703,7 @@ def test_console_refuses_bad_input(
         raise AssertionError(f"a run was started: {command}")
 
     monkeypatch.setattr(compare.subprocess, "run", no_run)
-    argv = [_fill(token, workspace, mmae_checkpoint) for token in [*base, *options]]
+    argv = [_fill(token, workspace, mmae_checkpoint, image_folders) for token in [*base, *options]]
     before = snapshot(workspace)
     capsys.readouterr()
     status = main(argv)
@@ -516,3 +733,77 @@ def test_the_matrix_is_large_enough() -> None:
     scripts = {script for script, _, _ in CONSOLE_CASES}
     assert scripts == set(SCRIPTS)
     assert len(CONSOLE_CASES) + len(API_CASES) >= 80
+
+
+# ----------------------------------------------------------------------------- issue 29: warnings, quiet refusals
+def test_a_worst_case_over_one_task_warns(tmp_path: Path, caplog) -> None:
+    """One task (or domain) under a worst-case strategy is plain training: a warning line says so; the plain mean
+    over one task needs none."""
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.training_args"):
+        MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="minimax")
+    assert "task_names ['web']: one task, so weighting='minimax' has no other task" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.training_args"):
+        MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="average")
+        MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web", "mail"], weighting="minimax")
+    assert "one task" not in caplog.text
+
+
+def test_fine_tuning_without_the_label_reduction_of_pretraining_warns(tmp_path: Path, caplog) -> None:
+    """A checkpoint whose saved image processor reduced the labels (0 = unlabelled): a semseg fine-tuning without
+    --do_reduce_labels is warned; with it, or for another task, or a checkpoint without reduction, nothing is said."""
+    reduced, plain = tmp_path / "reduced", tmp_path / "plain"
+    MultiMAEImageProcessor(do_reduce_labels=True).save_pretrained(reduced)
+    MultiMAEImageProcessor().save_pretrained(plain)
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune"):
+        dense_finetune.warn_reduced_labels(str(reduced), "semseg", do_reduce_labels=False)
+    assert f"{reduced} was pre-trained with --do_reduce_labels (0 = unlabelled)" in caplog.text
+    assert "pass --do_reduce_labels true" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune"):
+        dense_finetune.warn_reduced_labels(str(reduced), "semseg", do_reduce_labels=True)
+        dense_finetune.warn_reduced_labels(str(reduced), "depth", do_reduce_labels=False)
+        dense_finetune.warn_reduced_labels(str(plain), "semseg", do_reduce_labels=False)
+    assert caplog.text == ""
+
+
+def test_a_full_disk_while_saving_is_one_line(workspace: Path, capsys, monkeypatch) -> None:
+    """safetensors' error for a full disk during training or saving: one line naming --output_dir, exit status 2."""
+    from safetensors import SafetensorError
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(MinimaxTrainer, "train", full_disk)
+    out = workspace / "run"
+    domains = [token.format(tmp=workspace) for token in TWO_DOMAINS]
+    status = causal_lm.main(["--config", "decoder_demo", "--output_dir", str(out), *domains])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    message = [line for line in err.splitlines() if line.startswith("robust-pretrain-causal-lm: error: ")]
+    assert len(message) == 1 and f"no space left on the device of --output_dir {out} while saving" in message[0]
+    assert "rerun the same command: it resumes from the last complete checkpoint" in message[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "options", "fragment"),
+    [
+        ("pos_mlm", ["--config", "demo", "--train_file", "{tmp}/foreign.txt"], "contains no word of the tasks"),
+        ("causal_lm", ["--config", "decoder_demo", *TWO_DOMAINS[:2], "blank={tmp}/blank.txt"], "domain blank"),
+    ],
+    ids=["non-English text", "blank domain"],
+)
+def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: list[str], fragment: str, workspace):
+    """In a fresh process (the console's own logging), a refusal after the data are loaded and tokenised is one line,
+    the last on stderr, without the progress bars and caching chatter of ``datasets`` (the model's own INFO log, which
+    the recipes turn on, may precede it)."""
+    (workspace / "foreign.txt").write_text("Съешь же ещё этих мягких французских булок да выпей чаю .\n" * 40)
+    argv = [_fill(token, workspace, workspace) for token in [*options, "--output_dir", "{tmp}/run", "--max_steps", "1"]]
+    code = f"import sys; from robust_pretrain.pretraining import {module}; sys.exit({module}.main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=checkout_env())
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("robust-pretrain-")]
+    assert len(errors) == 1 and errors[0] == lines[-1] and fragment in errors[0], done.stderr
+    noise = ("examples/s", "Generating train split", "Caching", "Downloading", "custom data configuration")
+    assert not [line for line in lines if any(word in line for word in noise)], done.stderr

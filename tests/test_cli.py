@@ -17,6 +17,7 @@ from test_recipe_pretrain import (  # noqa: F401  (_one_thread: fixture)
     RECIPES,
     TINY,
     _one_thread,
+    checkpoint_argv,
     corpus_texts,
     write_texts,
 )
@@ -103,11 +104,12 @@ def test_bad_checkpoints(tmp_path: Path, model_copy: Path, capsys, small_train: 
 
 
 def test_max_seq_length_beyond_the_model(tmp_path: Path, capsys, small_train: Path) -> None:
-    argv = ["--output_dir", str(tmp_path / "out"), "--train_file", str(small_train), "--model_name_or_path"]
-    status, err = console(capsys, [*argv, str(MINILM), "--max_seq_length", "1024"])
+    argv = checkpoint_argv(tmp_path / "out", "--train_file", str(small_train), "--model_name_or_path", str(MINILM))
+    capsys.readouterr()
+    status, err = pos_mlm.main([*argv, "--max_seq_length", "1024"]), capsys.readouterr().err
     assert status == 2
     assert_one_paragraph(err, "--max_seq_length 1024 exceeds the 512 positions of --model_name_or_path", "at most 512")
-    status, err = console(capsys, [*argv, str(MINILM), "--max_seq_length", "50000000"])
+    status, err = pos_mlm.main([*argv, "--max_seq_length", "50000000"]), capsys.readouterr().err
     assert status == 2
     assert_one_paragraph(err, "--max_seq_length must be between 8 and 8192 tokens, got 50000000")
 

@@ -161,17 +161,12 @@ def equally_hard_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
         tokens = torch.randint(0, K, (len(domains), LENGTH), generator=generator)
         datasets.append(Dataset.from_dict({"input_ids": tokens.tolist(), "task_ids": domains.tolist()}))
     train = datasets[0]
-    schedule = None
     if "--domain_weights" in rest:
-        weights, _ = read_domain_weights(rest[rest.index("--domain_weights") + 1], names)
-        schedule = TaskSamplingSchedule(len(names), fixed_weights=weights)
-    collator = DomainCollator(0, schedule, train if schedule else None, seed=args.seed,
-                              rows_per_process=args.per_device_train_batch_size)  # fmt: skip
-    averages = WeightAverageCallback(schedule)
+        sample_from_file(args, read_domain_weights(rest[rest.index("--domain_weights") + 1], names)[0])
+    averages = WeightAverageCallback()
     trainer = MinimaxTrainer(
-        model=UnigramLM(), args=args, train_dataset=DrawSlots(len(train)) if schedule else train,
-        eval_dataset=datasets[1], data_collator=collator,
-        callbacks=[averages, *([TaskSamplingCallback(schedule)] if schedule else [])],
+        model=UnigramLM(), args=args, train_dataset=train, eval_dataset=datasets[1],
+        data_collator=DomainCollator(0, task_names=names), callbacks=[averages],
     )  # fmt: skip
     averages.trainer = trainer
     trainer.train()

@@ -54,6 +54,13 @@ def argv(output_dir: Path, *extra: str, config: Path | None = DEMO_CONFIG) -> li
     return [*(["--config", str(config)] if config else []), *TINY, "--output_dir", str(output_dir), *extra]
 
 
+def checkpoint_argv(output_dir: Path, *extra: str) -> list[str]:
+    """:func:`argv` for a run from a checkpoint: without TINY's from-scratch options, which a checkpoint refuses."""
+    scratch = {"--vocab_size", "--model_size"}
+    tiny = [t for i, t in enumerate(TINY) if t not in scratch and (i == 0 or TINY[i - 1] not in scratch)]
+    return ["--config", str(DEMO_CONFIG), *tiny, "--output_dir", str(output_dir), *extra]
+
+
 def corpus_texts(n: int, offset: int = 0) -> list[str]:
     from robust_pretrain.data import load_ewt_corpus
 
@@ -310,7 +317,9 @@ def test_model_without_mlm_head(tmp_path: Path, small_files) -> None:
     output_dir = tmp_path / "out"
     with pytest.raises(ValueError, match=r"gpt2\) has no masked-LM head"):
         recipe.run(
-            argv(output_dir, "--model_name_or_path", str(model_dir), "--train_file", str(small_files["train.txt"]))
+            checkpoint_argv(
+                output_dir, "--model_name_or_path", str(model_dir), "--train_file", str(small_files["train.txt"])
+            )
         )
     assert not output_dir.exists()  # refused before anything was written
 
@@ -530,7 +539,7 @@ def test_continued_pretraining_of_minilm(tmp_path: Path, small_files, caplog) ->
     args = ["--model_name_or_path", str(MINILM), "--max_steps", "2", "--max_seq_length", "64"]
     args += ["--train_file", str(small_files["train.txt"]), "--per_device_train_batch_size", "4"]
     with caplog.at_level("INFO"):
-        recipe.run(argv(output_dir, *args))
+        recipe.run(checkpoint_argv(output_dir, *args))
     # the load report lists the MLM head as missing: the log says why that is expected
     assert f"{MINILM} has no masked-LM head: the 'cls' weights reported missing above start from random" in caplog.text
     trained = AutoModelForMaskedLM.from_pretrained(output_dir)
@@ -558,7 +567,7 @@ def lora_run(tmp_path_factory, small_files) -> Path:
     args += ["--max_steps", "2", "--max_seq_length", "64", "--train_file", str(small_files["train.txt"])]
     args += ["--per_device_train_batch_size", "4", "--learning_rate", "0.01"]
     with single_thread():
-        recipe.run(argv(output_dir, *args))
+        recipe.run(checkpoint_argv(output_dir, *args))
     return output_dir
 
 

@@ -159,6 +159,32 @@ def test_reference_model_runs_only_on_the_first_micro_batch(tmp_path, reference_
     assert len(calls) == 1
 
 
+def test_reference_means_under_accumulation_are_those_of_the_first_micro_batch(tmp_path, reference_dir) -> None:
+    """With gradient accumulation the step's weights come from its first micro-batch: the reference model's per-task
+    means on its targets (recomputed here from full logits), not its loss sums over the whole step's counts (which a
+    1- and a 2-process run would get wrong alike)."""
+    args = one_step_args(
+        str(tmp_path), TASKS, alpha=20.0, loss_normalization="excess", reference_model=str(reference_dir),
+        gradient_accumulation_steps=2,
+    )  # fmt: skip
+    trainer = MinimaxTrainer(model=tiny_bert(), args=args)
+    first, second = masked_examples(8, seed=5), masked_examples(8, seed=6)
+    trainer.model.train()
+    samples, _ = trainer.get_batch_samples(iter([first, second]), 2, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 2
+    for sample in samples:
+        trainer.compute_loss(trainer.model, dict(sample))
+
+    from transformers import BertForMaskedLM
+
+    reference_losses = task_means(BertForMaskedLM.from_pretrained(reference_dir), first)
+    trainer.model.eval()  # no dropout in tiny_bert, and no optimizer step yet: the same losses
+    excess = (task_means(trainer.model, first) - reference_losses).clamp_min(0)
+    assert excess.max() > 0.01  # the weights depend on the reference means
+    assert torch.allclose(trainer.weighting.reference_estimates, reference_losses, atol=1e-5)
+    assert torch.allclose(trainer.step_weights, torch.softmax(20.0 * excess, dim=0), atol=1e-5)
+
+
 def test_a_reference_model_of_another_vocabulary_is_refused(tmp_path) -> None:
     from transformers import BertConfig, BertForMaskedLM
 

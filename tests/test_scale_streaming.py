@@ -35,7 +35,9 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     texts = [t.replace("\n", " ") for t in load_ewt_corpus("train")["text"][:240]]
     for shard in range(4):
         (folder / f"part-{shard}.txt").write_text("\n".join(texts[shard::4]) + "\n")
-    (folder / "valid.txt").write_text("\n".join(t.replace("\n", " ") for t in load_ewt_corpus("test")["text"][:30]))
+    # every task must have held-out words: the first EWT test texts have no interjection, hence the "oh"
+    held_out = [t.replace("\n", " ") + " Oh , thanks ." for t in load_ewt_corpus("test")["text"][:30]]
+    (folder / "valid.txt").write_text("\n".join(held_out))
     recipe.train_wordpiece_tokenizer(texts, 600).save_pretrained(folder / "tokenizer")
     return {"train": folder / "part-*.txt", "validation": folder / "valid.txt", "tokenizer": folder / "tokenizer"}
 

@@ -120,7 +120,7 @@ def test_task_targets_equal_the_boolean_mask_selection(example_level):
     """Counts, ids, gathered labels and logits of TaskTargets equal the boolean-mask selection they replace."""
     batch = masked_examples(6, seed=3)
     labels = batch["labels"]
-    task_ids = torch.tensor([2, -1, 0, 1, 1, 0]) if example_level else batch["task_ids"]
+    task_ids = torch.tensor([2, -100, 0, 1, 1, 0]) if example_level else batch["task_ids"]
     targets = TaskTargets(labels, task_ids, len(TASKS))
     full_ids = task_ids[:, None].expand_as(labels) if example_level else task_ids
     mask = (full_ids >= 0) & (labels != -100)

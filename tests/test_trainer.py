@@ -599,7 +599,7 @@ def test_task_id_out_of_range_is_refused_without_a_host_sync(tmp_path):
     trainer = MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path))
     batch = masked_examples(4)
     batch["task_ids"] = torch.where(batch["task_ids"] == 2, len(TASKS), batch["task_ids"])
-    with pytest.raises(RuntimeError, match=r"task_ids: a target's task id is >= the 3 tasks"):
+    with pytest.raises(ValueError, match=r"task_ids: a target's task id is >= the 3 tasks"):
         one_step(trainer, batch)
 
 

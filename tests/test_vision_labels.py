@@ -77,8 +77,9 @@ def test_processor_reduces_zero_label_and_refuses_ids_above_the_classes() -> Non
     expected[0, 0] = 255
     np.testing.assert_array_equal(out, expected)
     assert set(np.unique(out)) == {0, 1, 2, 255}
-    # Without the reduction the same map has an id (3) outside the 3 classes: refused, not trained as a shift.
-    with pytest.raises(ValueError, match=r"class ids \[3\] outside 0\.\.2"):
+    # Without the reduction the same map has an id (3) outside the 3 classes: refused, not trained as a shift; the
+    # hint names the reduction first (raising num_classes would train "unlabelled" as a class).
+    with pytest.raises(ValueError, match=r"class id 3 outside 0\.\.2: if 0 marks unlabelled .* --do_reduce_labels"):
         MultiMAEImageProcessor(num_classes=CLASSES)(segmentation_maps=raw)
     raw[3, 3] = 4
     with pytest.raises(ValueError, match=r"class ids \[4\], outside 1\.\.3 .*after the reduction \[3\]"):
@@ -96,7 +97,7 @@ def test_loader_checks_the_reduced_ids(tmp_path: Path) -> None:
     write_nyu_folder(tmp_path / "nyu", {"train": 2})
     dataset = load_image_folder(root, "train", num_classes=CLASSES, do_reduce_labels=True)
     assert len(dataset) == 2 and "do_reduce_labels" in dataset.info.description
-    with pytest.raises(ValueError, match=r"class ids \[3\] outside 0\.\.2"):
+    with pytest.raises(ValueError, match=r"class id 3 outside 0\.\.2: .*pass --do_reduce_labels true"):
         load_image_folder(root, "train", num_classes=CLASSES)  # the raw ids as classes: one too many
 
 
@@ -169,4 +170,4 @@ def test_pretraining_recipe_reduces_the_labels(tmp_path: Path, capsys: pytest.Ca
     capsys.readouterr()
     assert pretraining.main(pretraining_argv(tmp_path / "raw", *options)) == 2
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "class ids [3] outside 0..2" in error
+    assert len(error.splitlines()) == 1 and "class id 3 outside 0..2: if 0 marks unlabelled pixels" in error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from datasets import Dataset, Features, IterableDataset, List, Value
@@ -346,6 +346,25 @@ def task_word_counts(dataset: Dataset | IterableDataset, max_rows: int | None = 
     A word counts once per sequence it has tokens in, with the task of its first token; words of no task
     (punctuation, numbers, symbols, foreign words tagged ``X``) count among the words only.
     """
+    task_words = words = 0
+    for word_tasks in _word_task_ids(dataset, max_rows):
+        words += len(word_tasks)
+        task_words += int((word_tasks >= 0).sum())
+    return task_words, words
+
+
+def words_per_task(dataset: Dataset | IterableDataset, num_tasks: int, max_rows: int | None = None) -> list[int]:
+    """The words of each task (counted as :func:`task_word_counts` counts them) in the first ``max_rows`` rows."""
+    import numpy as np
+
+    counts = np.zeros(num_tasks, dtype=np.int64)
+    for word_tasks in _word_task_ids(dataset, max_rows):
+        counts += np.bincount(word_tasks[word_tasks >= 0], minlength=num_tasks)[:num_tasks]
+    return counts.tolist()
+
+
+def _word_task_ids(dataset: Dataset | IterableDataset, max_rows: int | None) -> Iterator[Any]:
+    """Per batch of rows, the task id of every word (of its first token; negative: no task)."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -353,7 +372,6 @@ def task_word_counts(dataset: Dataset | IterableDataset, max_rows: int | None = 
         dataset = dataset.take(max_rows)
     elif max_rows is not None:
         dataset = dataset.select(range(min(max_rows, len(dataset))))
-    task_words = words = 0
     for table in dataset.select_columns(["word_ids", "token_task_ids"]).with_format("arrow").iter(batch_size=4096):
         word_lists = table.column("word_ids").combine_chunks()
         word_ids = np.asarray(pc.list_flatten(word_lists))
@@ -363,6 +381,4 @@ def task_word_counts(dataset: Dataset | IterableDataset, max_rows: int | None = 
         first_tokens = word_ids >= 0  # a word's tokens are consecutive: its first one follows another word's
         first_tokens[1:] &= word_ids[1:] != word_ids[:-1]
         first_tokens[row_starts] = word_ids[row_starts] >= 0
-        words += int(first_tokens.sum())
-        task_words += int((first_tokens & (task_ids >= 0)).sum())
-    return task_words, words
+        yield task_ids[first_tokens]

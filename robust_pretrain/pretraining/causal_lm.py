@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ from robust_pretrain.pretraining.common import (
     create_trainer,
     named_tokenizer,
     push,
+    refuse_given_options,
     setup_logging,
     train_and_evaluate,
     train_tokenizer_once,
@@ -85,6 +87,7 @@ from robust_pretrain.reporting.cards import (
     local_files,
 )
 from robust_pretrain.reporting.task_report import TRAJECTORY_PLOT_NAME, report_settings, write_report_and_card
+from robust_pretrain.targets import refuse_tasks_without_targets
 from robust_pretrain.task_sampling import FixedWeighting
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
@@ -97,6 +100,7 @@ DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, ke
     "small": (6, 512, 8, 4, 1536),
 }
 MIN_VOCAB_SIZE = 64  # a byte-level BPE vocabulary holds its 256 bytes: smaller sizes are raised to them
+FROM_SCRATCH = ["model_size", "vocab_size"]  # options of a decoder trained from scratch
 NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir"}
 DOMAIN_WEIGHTS_NAME = "domain_weights.json"
 SAMPLING_NAMES = {"none": "natural", "online": "online", "fixed": "fixed"}  # task_sampling, as the report says it
@@ -449,6 +453,21 @@ def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTra
         )
 
 
+def text_tokens(packed: Dataset, tokenizer: Any, num_domains: int) -> list[int]:
+    """The tokens of text (not a special token such as the eos ending each text) per domain of packed sequences:
+    the domain's targets, blank texts having none."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    counts = np.zeros(num_domains, dtype=np.int64)
+    for table in packed.select_columns(["input_ids", "task_ids"]).with_format("arrow").iter(batch_size=4096):
+        sequences = table.column("input_ids").combine_chunks()
+        ids = np.asarray(pc.list_flatten(sequences))
+        domains = np.repeat(np.asarray(table.column("task_ids")), np.asarray(pc.list_value_length(sequences)))
+        counts += np.bincount(domains[~np.isin(ids, tokenizer.all_special_ids)], minlength=num_domains)
+    return counts.tolist()
+
+
 def sample_from_file(training_args: MinimaxTrainingArguments, weights: list[float]) -> None:
     """``--domain_weights``: draw the domains from the file's weights (``task_sampling='fixed'``)."""
     training_args.task_sampling, training_args.task_sampling_weights = "fixed", weights
@@ -465,8 +484,13 @@ def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[
         raise UsageError(f'--domain_weights {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
     if sorted(weights) != sorted(names):
         raise UsageError(f"--domain_weights {path} has the domains {sorted(weights)}, this run {sorted(names)}")
+    not_numbers = {name: value for name, value in weights.items() if type(value) not in (int, float)}
+    if not_numbers:  # float() would take "0.5" and True
+        raise UsageError(f"--domain_weights {path}: weights must be JSON numbers, got {not_numbers}")
     if any(not value >= 0 or value == float("inf") for value in values) or sum(values) <= 0:
         raise UsageError(f"--domain_weights {path}: weights must be finite, >= 0 and not all 0, got {weights}")
+    if not math.isfinite(sum(values)):  # the draws normalise by the sum
+        raise UsageError(f"--domain_weights {path}: the weights' sum overflows ({weights}); scale them down")
     return [float(weights[name]) for name in names], content.get("provenance")
 
 
@@ -551,7 +575,9 @@ def run(argv: list[str]) -> dict:
     model_args, data_args, training_args = parse_with_config(parser, argv)
     given = {"reference_run": training_args.reference_run, "domain_weights": data_args.domain_weights}
     check_override(training_args.reference_mismatch_ok, given)
+    setup_logging(training_args, logger)  # before the data are read: datasets' progress bars off
     if model_args.model_name_or_path is not None:
+        refuse_given_options(argv, FROM_SCRATCH, "from-scratch options, unused with --model_name_or_path")
         check_checkpoint(model_args.model_name_or_path)
         check_causal_checkpoint(model_args.model_name_or_path)
     if model_args.tokenizer_name is not None:
@@ -559,6 +585,8 @@ def run(argv: list[str]) -> dict:
 
     check_weight_files(data_args, training_args)
     if data_args.streaming:
+        held_out = "the held-out texts are the first --stream_held_out_texts of each stream"
+        refuse_given_options(argv, ["validation_split_percentage"], f"not used with --streaming ({held_out})")
         check_streaming(model_args, data_args, training_args)
     texts = load_domain_texts(data_args)
     text_counts = require_every_domain(texts)
@@ -572,7 +600,6 @@ def run(argv: list[str]) -> dict:
     if data_args.objective_weights is not None:
         objective = FixedWeighting(len(texts.names), read_domain_weights(data_args.objective_weights, texts.names)[0])
 
-    setup_logging(training_args, logger)
     logger.info("domains %s (texts %s) weighting=%s", texts.names, text_counts, training_args.weighting)
     settings = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
     settings.update(training_settings(training_args), domains=texts.names)
@@ -591,6 +618,9 @@ def run(argv: list[str]) -> dict:
             texts.validation, tokenizer, num_domains, data_args.max_seq_length,
             num_proc=data_args.preprocessing_num_workers,
         )  # fmt: skip
+    for split, packed in (("training", train_sequences), ("held-out", eval_sequences)):
+        reason = "no text after tokenisation: its texts are blank or empty"
+        refuse_tasks_without_targets("domain", texts.names, text_tokens(packed, tokenizer, num_domains), split, reason)
     if data_args.max_eval_sequences is not None:
         keep = [i for d in range(num_domains) for i in _first_rows(eval_sequences, d, data_args.max_eval_sequences)]
         eval_sequences = eval_sequences.select(keep)

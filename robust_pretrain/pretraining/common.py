@@ -18,7 +18,10 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.hub import HubPublishError, explain_hub_errors, push_or_explain
-from robust_pretrain.output_dir import last_complete_checkpoint  # noqa: F401  (imported from here by the tests)
+from robust_pretrain.output_dir import (
+    disk_full_is_one_line,
+    last_complete_checkpoint,  # noqa: F401  (imported from here by the tests)
+)
 from robust_pretrain.reporting.scoring import score_losses
 from robust_pretrain.trainer import MinimaxTrainer
 from robust_pretrain.training_args import MinimaxTrainingArguments
@@ -28,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 
 def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Logger) -> None:
-    """INFO logs on the main process (``log_level`` "passive", as in run_mlm.py), warnings on the others."""
+    """INFO logs on the main process (``log_level`` "passive", as in run_mlm.py), warnings on the others. ``datasets``
+    says only its warnings, without progress bars: its caching chatter and bars on stderr would bury a refusal of the
+    data (one line) under some twenty lines."""
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO,
@@ -39,7 +44,8 @@ def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Log
     log_level = training_args.get_process_log_level()
     for each in (logger, *loggers):
         each.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
+    datasets.utils.logging.set_verbosity(max(log_level, logging.WARNING))
+    datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity(log_level)
 
 
@@ -53,6 +59,14 @@ def bind_tasks(training_args: MinimaxTrainingArguments, task_names: list[str], s
         training_args.bind_tasks(task_names)
     except ValueError as err:
         raise UsageError(f"invalid options: {err}") from err
+
+
+def refuse_given_options(argv: list[str], names: list[str], why: str) -> None:
+    """Refuse, naming them, the options of ``names`` typed on the command line ``argv`` (a ``--config`` file may
+    hold them for other runs), since ``why`` they mean nothing in this run."""
+    given = [f"--{name}" for name in names if any(t == f"--{name}" or t.startswith(f"--{name}=") for t in argv)]
+    if given:
+        raise UsageError(f"{', '.join(given)}: {why}")
 
 
 # TrainingArguments fields that change what a run computes (MinimaxTrainingArguments' own fields are added).
@@ -232,12 +246,14 @@ def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> Mi
 
 
 def train_and_evaluate(trainer: MinimaxTrainer, resume_checkpoint: str | None) -> dict[str, float]:
-    """Train (resuming if asked), save the model, metrics and state, evaluate; the evaluation metrics."""
-    train_result = trainer.train(resume_from_checkpoint=resume_checkpoint)
-    trainer.save_model()
-    trainer.log_metrics("train", train_result.metrics)
-    trainer.save_metrics("train", train_result.metrics)
-    trainer.save_state()
+    """Train (resuming if asked), save the model, metrics and state, evaluate; the evaluation metrics. A full disk
+    while saving is one line (:func:`~robust_pretrain.output_dir.disk_full_is_one_line`)."""
+    with disk_full_is_one_line(trainer.args.output_dir):
+        train_result = trainer.train(resume_from_checkpoint=resume_checkpoint)
+        trainer.save_model()
+        trainer.log_metrics("train", train_result.metrics)
+        trainer.save_metrics("train", train_result.metrics)
+        trainer.save_state()
     eval_metrics = trainer.evaluate()
     trainer.log_metrics("eval", eval_metrics)
     trainer.save_metrics("eval", eval_metrics)

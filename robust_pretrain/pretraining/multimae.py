@@ -25,6 +25,8 @@ a model card (README.md), ``*_results.json`` and the Trainer's checkpoints; it r
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from robust_pretrain.pretraining.common import (
     bind_tasks,
     create_trainer,
     push,
+    refuse_given_options,
     setup_logging,
     train_and_evaluate,
     training_settings,
@@ -50,6 +53,7 @@ from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.plots import plot_reconstructions
 from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multimae_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
+from robust_pretrain.targets import refuse_tasks_without_targets
 from robust_pretrain.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
 from robust_pretrain.vision.configuration_multimae import (
@@ -64,11 +68,14 @@ from robust_pretrain.vision.loaders import (
     UNMATCHED_HELP,
     UNMATCHED_MODES,
     UnmatchedStemsError,
+    modalities_without_targets,
     unmatched_usage_error,
 )
 
 logger = logging.getLogger(__name__)
 
+#: options of a model trained from scratch (a checkpoint keeps its own)
+FROM_SCRATCH = ["model_size", "config_overrides", "depth_normalization", "max_depth", "image_size", "patch_size"]
 # From-scratch presets: encoder layers, hidden, heads, intermediate; decoder hidden, layers, heads, intermediate.
 MODEL_SIZES = {
     "tiny": (2, 64, 4, 256, 64, 1, 4, 256),
@@ -349,6 +356,30 @@ def check_partial_examples(
         )
 
 
+def require_modality_targets(
+    data: Any, split: str, processor: MultiMAEImageProcessor, config: MultiMAEConfig, reduced: bool
+) -> None:
+    """Refuse a modality of which no ``split`` example has a target: no image with it, no valid depth pixel (within
+    the model's ``max_depth``), no labelled semseg pixel. A modality that is no column of the data (an absent task)
+    is left to the warning above."""
+    tests: dict[str, Callable[[np.ndarray], bool]] = {}
+    reasons: dict[str, str] = {}
+    for spec in config.modalities:
+        if spec.kind == "depth":
+            cap = math.inf if spec.max_depth is None else spec.max_depth
+            tests[spec.name] = lambda depth, cap=cap: bool(((depth > 0) & (depth <= cap)).any())
+            reasons[spec.name] = f"no valid depth pixel: none is within (0, {cap:g}] metres (--max_depth)"
+        elif spec.kind == "semseg":
+            tests[spec.name] = lambda classes, ignore=spec.ignore_index: bool((classes != ignore).any())
+            after = " after --do_reduce_labels (0 = unlabelled)" if reduced else ""
+            reasons[spec.name] = f"no labelled pixel: every pixel is the ignore index {spec.ignore_index}{after}"
+        else:
+            tests[spec.name] = lambda image: True
+    for name, present in modalities_without_targets(data, processor, tests).items():
+        reason = reasons[name] if present else "no example has the modality (--unmatched partial)"
+        refuse_tasks_without_targets("modality", [name], [0], split, reason)
+
+
 @dataclass
 class HeldOutOrTrainingCollator:
     """Training rows get the epoch's random masks; held-out rows (a ``held_out`` column) the fixed evaluation masks
@@ -480,6 +511,10 @@ def run(argv: list[str]) -> dict:
     model_args, data_args, training_args = parse_with_config(parser, argv)
     check_override(training_args.reference_mismatch_ok, {"reference_run": training_args.reference_run})
     check_checkpoint(model_args.model_name_or_path)
+    if model_args.model_name_or_path is not None:
+        refuse_given_options(
+            argv, FROM_SCRATCH, "from-scratch options, unused with --model_name_or_path (the checkpoint keeps its own)"
+        )
     task_names = resolve_modalities(model_args)
     bind_tasks(training_args, task_names, "the modalities")
 
@@ -521,6 +556,7 @@ def run(argv: list[str]) -> dict:
     fill = {s.name: (s.ignore_index if s.kind == "semseg" else 0.0) for s in config.modalities if s.kind != "rgb"}
     for split, data in (("training", train_raw), ("held-out", eval_raw)):
         check_partial_examples(data, split, task_names, fill, budget, config.num_patches)
+        require_modality_targets(data, split, processor, config, data_args.do_reduce_labels)
 
     columns = {name: name for name in task_names}
     train_transform = MultiMAETransform(processor, train=True, seed=training_args.seed, column_mapping=columns)

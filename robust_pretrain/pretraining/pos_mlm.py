@@ -41,7 +41,12 @@ from robust_pretrain.data import (
     load_ewt_corpus,
     tokenize_and_tag,
 )
-from robust_pretrain.data.preprocessing import STREAM_POSITION_COLUMN, repeat_stream, task_word_counts
+from robust_pretrain.data.preprocessing import (
+    STREAM_POSITION_COLUMN,
+    repeat_stream,
+    task_word_counts,
+    words_per_task,
+)
 from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EXPECTED_SHARE
 from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
@@ -51,6 +56,7 @@ from robust_pretrain.pretraining.common import (
     file_fingerprint,
     named_tokenizer,
     push,
+    refuse_given_options,
     setup_logging,
     train_and_evaluate,
     train_tokenizer_once,
@@ -66,6 +72,7 @@ from robust_pretrain.reference import (
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
+from robust_pretrain.targets import refuse_tasks_without_targets
 from robust_pretrain.task_losses import mlm_head_name
 from robust_pretrain.task_sampling import TaskSamplingSchedule
 from robust_pretrain.training_args import MinimaxTrainingArguments
@@ -540,6 +547,10 @@ def require_targets(dataset: Dataset | IterableDataset, split: str, data_args: D
             f"{IMPLAUSIBLE_SHARE_FRACTION * expected:.1%} is accepted); the `{data_args.tagger}` tagger tags English "
             "and gives words of other scripts X, so they would never be masked."
         )
+    held_out = "held-out" if split == "validation" else "training"
+    counts = words_per_task(dataset, spec.num_tasks, STREAM_SHARE_ROWS if streamed else None)
+    reason = f"the `{data_args.tagger}` tagger found no word of its UPOS tags {counted}: nothing could be masked"
+    refuse_tasks_without_targets("task", spec.task_names, counts, held_out, reason)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -566,6 +577,8 @@ def run(argv: list[str]) -> dict:
     if data_args.streaming:
         check_streaming(model_args, data_args, training_args)
     check_checkpoint(model_args.model_name_or_path)
+    if model_args.model_name_or_path is not None:
+        refuse_given_options(argv, ["model_size", "vocab_size"], "from-scratch options, unused with a checkpoint")
     check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
     setup_logging(training_args, logger)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -69,11 +70,17 @@ from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.plots import plot_predictions
 from robust_pretrain.reporting.recipe_cards import dense_card_content
 from robust_pretrain.seeding import SetEpochCallback
+from robust_pretrain.targets import refuse_tasks_without_targets
 from robust_pretrain.trainer import register_process_group_teardown
 from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.configuration_multimae import DEPTH_LOSSES, SEMSEG_HEADS, MultiMAEConfig
 from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
-from robust_pretrain.vision.loaders import REDUCE_LABELS_HELP, UNMATCHED_HELP, UNMATCHED_MODES
+from robust_pretrain.vision.loaders import (
+    REDUCE_LABELS_HELP,
+    UNMATCHED_HELP,
+    UNMATCHED_MODES,
+    modalities_without_targets,
+)
 from robust_pretrain.vision.metrics import load_vision_metric
 from robust_pretrain.vision.modeling_multimae import (
     MultiMAEForDepthEstimation,
@@ -253,6 +260,10 @@ class DenseDataArguments:
             raise UsageError(f"--image_size {self.image_size}: one side or height width")
         if self.class_names is not None and self.num_labels not in (None, len(self.class_names)):
             raise UsageError(f"--num_labels {self.num_labels} differs from the {len(self.class_names)} --class_names")
+        if self.max_depth is not None and self.max_depth <= self.min_depth:
+            raise UsageError(
+                f"--max_depth {self.max_depth:g} must exceed --min_depth {self.min_depth:g}: no depth would be valid"
+            )
 
     def mapping(self) -> dict[str, str]:
         """``--column_mapping`` as {target: column}."""
@@ -927,6 +938,52 @@ def write_classification_results(
 # ---------------------------------------------------------------------------------------------------------- run
 
 
+def require_task_targets(task: str, data: TaskData, data_args: DenseDataArguments) -> None:
+    """Refuse semseg data without a labelled pixel in the training or the evaluation split, and depth data without a
+    valid pixel in training or one the metrics score (within ``[--min_depth, --max_depth]``) in evaluation: nothing
+    would be learned or scored."""
+    if task == "classification":
+        return
+    decoder = MultiMAEImageProcessor(
+        depth_scale=data_args.depth_scale,
+        ignore_index=data_args.ignore_index,
+        do_reduce_labels=data_args.do_reduce_labels,
+    )
+    if task == "semseg":
+        after = " after --do_reduce_labels (0 = unlabelled)" if data_args.do_reduce_labels else ""
+        reason = f"no labelled pixel: every pixel is the ignore index {data_args.ignore_index}{after}"
+        labelled = {task: lambda classes: bool((classes != data_args.ignore_index).any())}
+        checks = {"training": (labelled, reason), "held-out": (labelled, reason)}
+    else:
+        cap = math.inf if data_args.max_depth is None else data_args.max_depth
+        scored = {task: lambda depth: bool(((depth >= data_args.min_depth) & (depth <= cap)).any())}
+        within = f"none within [{data_args.min_depth:g}, {cap:g}] metres (--min_depth, --max_depth)"
+        positive = {task: lambda depth: bool((depth > 0).any())}
+        checks = {
+            "training": (positive, "no valid depth pixel"),
+            "held-out": (scored, f"no valid depth pixel: {within}"),
+        }
+    for split, dataset in (("training", data.train), ("held-out", data.evaluation)):
+        test, why = checks[split]
+        missing = modalities_without_targets(dataset, decoder, test)
+        if missing:
+            refuse_tasks_without_targets("task", [task], [0], split, why if missing[task] else f"no {task} map")
+
+
+def warn_reduced_labels(checkpoint: str, task: str, do_reduce_labels: bool) -> None:
+    """Warn when the checkpoint was pre-trained on semseg maps with label reduction (0 = unlabelled, its saved image
+    processor says so) and a semseg fine-tuning omits ``--do_reduce_labels``: id 0 would be trained as a class."""
+    saved = Path(checkpoint) / "preprocessor_config.json"
+    if task != "semseg" or do_reduce_labels or not saved.is_file():
+        return
+    if json.loads(saved.read_text()).get("do_reduce_labels"):
+        logger.warning(
+            "%s was pre-trained with --do_reduce_labels (0 = unlabelled); this fine-tuning omits it, so id 0 is "
+            "trained as a class: pass --do_reduce_labels true if 0 marks unlabelled pixels here too",
+            checkpoint,
+        )
+
+
 def run_finetune(
     run_args: DenseRunArguments,
     model_args: DenseModelArguments,
@@ -947,6 +1004,8 @@ def run_finetune(
     if data_args.eigen_crop and task != "depth":
         raise UsageError(f"--eigen_crop applies to --task depth, not {task}")
     data = load_task_data(task, data_args, model_args.input_modalities, int(config.get("patch_size", 16)))
+    require_task_targets(task, data, data_args)
+    warn_reduced_labels(run_args.model_name_or_path, task, data_args.do_reduce_labels)
     sizes = [] if task == "classification" else target_sizes(task, data.evaluation, data_args.depth_scale)
     other_frames = {size for size in sizes if size != EIGEN_FRAME}
     if data_args.eigen_crop and other_frames:

@@ -352,6 +352,12 @@ class MultiMAEImageProcessor(BaseImageProcessor):
                         f"after the reduction {bad[:5].tolist()}, ignore_index {self.ignore_index}); raise "
                         "num_classes or map them to the ignore value"
                     )
+                if bad.tolist() == [self.num_classes]:  # ids up to K: 0 may mean unlabelled (NYUv2's raw maps)
+                    raise ValueError(
+                        f"{name}: semseg has class id {self.num_classes} outside 0..{self.num_classes - 1}: if 0 "
+                        f"marks unlabelled pixels and 1..{self.num_classes} the classes (NYUv2's raw labels), pass "
+                        "--do_reduce_labels true (do_reduce_labels=True); otherwise raise num_classes"
+                    )
                 raise ValueError(
                     f"{name}: semseg has class ids {bad[:5].tolist()} outside 0..{self.num_classes - 1} "
                     f"(ignore_index {self.ignore_index}); raise num_classes or map them to the ignore "

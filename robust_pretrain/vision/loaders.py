@@ -14,7 +14,7 @@ at different resolutions are accepted: the image processor crops and resizes the
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +250,24 @@ def _open_image(path: str) -> Image.Image:
             return image
     except Exception as error:  # PIL raises many types for broken files
         raise ValueError(f"{path}: cannot read the image ({type(error).__name__}: {error})") from error
+
+
+def modalities_without_targets(
+    dataset: Any, processor: MultiMAEImageProcessor, has_target: Mapping[str, Callable[[Any], bool]]
+) -> dict[str, bool]:
+    """The modalities of ``has_target`` (columns of ``dataset``) of which no example has a target, each with whether
+    any example has the modality at all: decoded by ``processor``, a map has a target when ``has_target[name](map)``
+    holds. Reading stops once every modality has one (at the first example, in usual data)."""
+    pending = [name for name in has_target if name in dataset.column_names]
+    found: set[str] = set()
+    present: set[str] = set()
+    for index, example in enumerate(dataset.select_columns(pending) if pending else []):
+        for name in pending:
+            value = example[name]
+            if name not in found and value is not None:
+                present.add(name)
+                if has_target[name](processor.decode_example({name: value}, f"row {index}")[name]):
+                    found.add(name)
+        if len(found) == len(pending):
+            break
+    return {name: name in present for name in pending if name not in found}
