@@ -28,7 +28,7 @@ def option_names(parser: argparse.ArgumentParser) -> set[str]:
     return {name[2:] for action in parser._actions for name in action.option_strings if name.startswith("--")}
 
 
-def _config_to_argv(config: dict[str, Any], path: Path) -> list[str]:
+def config_to_argv(config: dict[str, Any], path: Path) -> list[str]:
     argv: list[str] = []
     for key, value in config.items():
         if isinstance(value, dict):
@@ -77,7 +77,7 @@ def parse_with_config(parser: HfArgumentParser, argv: list[str] | None = None) -
             if key not in names
         ]
     )
-    args = _config_to_argv(config, known.config) + rest
+    args = config_to_argv(config, known.config) + rest
     namespace, unknown = parser.parse_known_args(args=args)
     flags = [token.split("=")[0] for token in unknown if token.startswith("-")]
     problems = [f"unknown option {flag}{_suggestion(flag, names)}" for flag in flags]

@@ -54,6 +54,7 @@ from robust_pretrain.data.domains import (
     pack_domains,
     stream_domains,
 )
+from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
 from robust_pretrain.options import check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
@@ -67,26 +68,22 @@ from robust_pretrain.pretraining.common import (
     train_tokenizer_once,
     training_settings,
 )
-from robust_pretrain.pretraining.pos_mlm import TEXT_BUILDERS, _check_text_file, matching_files
 from robust_pretrain.reference import (
     Provenance,
     check_override,
     check_provenance,
     check_reference_run,
     dataset_fingerprint,
-    model_size,
 )
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
-    ModelCardContent,
-    TaskFamily,
     TrainingData,
-    checkpoint_tokenizer,
     hub_dataset,
     local_files,
 )
-from robust_pretrain.reporting.task_report import TRAJECTORY_PLOT_NAME, report_settings, write_report_and_card
+from robust_pretrain.reporting.recipe_cards import causal_lm_card_content
+from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.targets import refuse_tasks_without_targets
 from robust_pretrain.task_sampling import FixedWeighting
 from robust_pretrain.trainer import MinimaxTrainer
@@ -105,11 +102,6 @@ NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir"}
 DOMAIN_WEIGHTS_NAME = "domain_weights.json"
 SAMPLING_NAMES = {"none": "natural", "online": "online", "fixed": "fixed"}  # task_sampling, as the report says it
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
-GENERATION_USAGE = """\
-from transformers import pipeline
-
-generator = pipeline("text-generation", model="{model_id}")
-print(generator("The weather today", max_new_tokens=30)[0]["generated_text"])"""
 
 
 @dataclass
@@ -235,7 +227,7 @@ def _load_source(source: str, option_name: str, text_column: str, streaming: boo
         if builder is None:
             raise UsageError(f"{option_name} {source}: expected a .txt, .json, .jsonl, .csv or .parquet file")
         for path in paths:
-            _check_text_file(Path(path), option_name, builder)
+            check_text_file(Path(path), option_name, builder)
         try:
             raw = load_dataset(builder, data_files={"train": paths}, split="train", streaming=streaming)
         except DatasetGenerationError as err:
@@ -533,35 +525,6 @@ class WeightAverageCallback(TrainerCallback, ExportableState):
         return None if self.total is None else (self.total / self.steps).tolist()
 
 
-def domain_tasks(
-    names: list[str], sequences: list[int] | list[str], mixture: list[float], report: dict[str, Any]
-) -> TaskFamily:
-    """The card's task family: one row per domain with its training sequences, mixture weight, held-out perplexity."""
-    perplexity = report.get("eval_task_perplexity", {})
-    rows = {
-        name: (str(count), f"{weight:.4f}", f"{perplexity[name]:.2f}" if name in perplexity else "n/a")
-        for name, count, weight in zip(names, sequences, mixture, strict=True)
-    }
-    return TaskFamily(
-        objective="causal language modelling (next-token prediction)",
-        task_split="one per data domain: every packed sequence holds text of a single domain.",
-        table_title="Domains",
-        task_column="domain",
-        columns=("training sequences", "mixture weight", "held-out perplexity"),
-        rows=rows,
-        loss_name="next-token loss",
-        pipeline_tag="text-generation",
-        data_kind="text",
-        usage_title="Text generation",
-        usage=GENERATION_USAGE,
-        notes=(
-            "Mixture weight: each domain's share of the training sequences (natural proportions), or the weights the "
-            "domains were drawn with (from a file, or time-averaged over the steps when drawn online).",
-        ),
-        limitations=("A small decoder trained briefly: its generations are not fluent text.",),
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``robust-pretrain-causal-lm``, ``recipes/pretrain_causal_lm.py``): exit status 2 and one
     line for a bad option, file, column, domain or checkpoint."""
@@ -694,18 +657,8 @@ def run(argv: list[str]) -> dict:
     perplexities = list(report["eval_task_perplexity"].values())
     report["eval_mean_task_perplexity"] = sum(perplexities) / len(perplexities) if perplexities else None
     base = trainer.accelerator.unwrap_model(trainer.model)
-    content = ModelCardContent(
-        architecture=type(base).__name__,
-        tasks=domain_tasks(texts.names, ["streamed"] * num_domains if texts.streams else sequences, mixture, report),
-        report=report,
-        training_data=texts.training_data,
-        base_model=model_args.model_name_or_path,
-        plot=TRAJECTORY_PLOT_NAME,
-        model_size=model_size(base),
-        tokenizer=checkpoint_tokenizer(tokenizer_source, len(tokenizer))
-        if tokenizer_source
-        else f"a byte-level BPE tokenizer trained on this run's training text (vocabulary of {len(tokenizer)} tokens)",
-    )
+    counts = ["streamed"] * num_domains if texts.streams else sequences
+    content = causal_lm_card_content(base, tokenizer, tokenizer_source, report, texts, counts, mixture, model_args)
     write_report_and_card(trainer, report, card_renderer(trainer, content))
     push(trainer)
     return {**eval_metrics, "report": report}

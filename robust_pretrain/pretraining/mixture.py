@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from robust_pretrain.cli import UsageError, refuse, run_console
-from robust_pretrain.config import OptionParser, _config_to_argv, load_config_file
+from robust_pretrain.config import OptionParser, config_to_argv, load_config_file
 from robust_pretrain.options import check_options, option, option_problems
 from robust_pretrain.pretraining import causal_lm
 from robust_pretrain.pretraining.causal_lm import DOMAIN_WEIGHTS_NAME
@@ -281,7 +281,7 @@ def split_options(args: MixtureArguments, passed: list[str]) -> tuple[list[str],
             config_path = tokens[1]
         else:
             command_line.append((name, tokens))
-    config = [] if config_path is None else option_groups(_config_to_argv(load_config_file(config_path), config_path))
+    config = [] if config_path is None else option_groups(config_to_argv(load_config_file(config_path), config_path))
     given = {name for name, _ in command_line}
     problems = [
         STREAMING_REFUSED

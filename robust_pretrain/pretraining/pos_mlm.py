@@ -48,6 +48,7 @@ from robust_pretrain.data.preprocessing import (
     words_per_task,
 )
 from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EXPECTED_SHARE
+from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
 from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.common import (
@@ -90,7 +91,6 @@ MAX_SCRATCH_SEQ_LENGTH = 8192  # position embeddings of a from-scratch model; be
 MIN_VOCAB_SIZE = 16  # a WordPiece vocabulary needs its 5 special tokens and some characters
 # Options that do not change what a run computes: they may differ when it resumes.
 NOT_SETTINGS = {"merge_lora", "preprocessing_num_workers", "overwrite_cache", "overwrite_output_dir"}
-TEXT_BUILDERS = {"txt": "text", "jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}
 
 
 @dataclass
@@ -214,43 +214,6 @@ def files_fingerprint(pattern: str | None, option: str) -> str | list[str | None
     return [file_fingerprint(path) for path in matching_files(pattern, option)]
 
 
-def _check_text_file(path: Path, option: str, builder: str) -> None:
-    """Refuse a missing, empty or binary data file by name, before ``datasets`` fails on it with a generic error."""
-    if not path.is_file():
-        raise UsageError(f"{option} {path}: data file not found")
-    if path.stat().st_size == 0:
-        raise UsageError(f"{option} {path} is empty: give a file with one text per line (or record)")
-    if builder == "parquet":
-        from pyarrow import ArrowException
-        from pyarrow.parquet import ParquetFile
-
-        try:
-            ParquetFile(path).close()
-        except (ArrowException, OSError) as err:
-            raise UsageError(f"{option} {path} is not a readable Parquet file ({err})") from None
-        return
-    with open(path, "rb") as stream:
-        head = stream.read(1 << 16)
-    if b"\0" in head:
-        offset = head.index(b"\0")
-        raise UsageError(f"{option} {path} is not text (NUL byte at offset {offset}); is it a binary file?")
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.start < len(head) - 3:  # not just a character cut at the 64 KiB boundary
-            raise UsageError(f"{option} {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
-
-
-def matching_files(pattern: str, option: str) -> list[str]:
-    """The files a --train_file / --validation_file names: one path, or every match of a glob pattern, sorted."""
-    if not glob.has_magic(pattern):
-        return [pattern]
-    paths = sorted(glob.glob(pattern))
-    if not paths:
-        raise UsageError(f"{option} {pattern}: no file matches")
-    return paths
-
-
 def check_streaming(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments):
     """Refuse, naming the option, what a stream cannot do."""
     if data_args.dataset_name is None and data_args.train_file is None:
@@ -297,7 +260,7 @@ def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
             raise UsageError(f"--train_file must be .txt, .json, .jsonl, .csv or .parquet, got {data_args.train_file}")
         for split, paths in files.items():
             for path in paths:
-                _check_text_file(Path(path), f"--{split}_file", builder)
+                check_text_file(Path(path), f"--{split}_file", builder)
         try:
             raw = load_dataset(builder, data_files=files, streaming=data_args.streaming)
         except DatasetGenerationError as err:

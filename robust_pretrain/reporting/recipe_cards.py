@@ -19,6 +19,7 @@ from robust_pretrain.reporting.cards import (
     FineTunedMetric,
     FineTuningCardContent,
     ModelCardContent,
+    TaskFamily,
     TrainingData,
     checkpoint_tokenizer,
     hub_dataset,
@@ -96,6 +97,67 @@ def pos_mlm_card_content(
         tokenizer=checkpoint_tokenizer(tokenizer_source, len(tokenizer))
         if tokenizer_source
         else trained_tokenizer(len(tokenizer)),
+    )
+
+
+GENERATION_USAGE = """\
+from transformers import pipeline
+
+generator = pipeline("text-generation", model="{model_id}")
+print(generator("The weather today", max_new_tokens=30)[0]["generated_text"])"""
+
+
+def domain_tasks(
+    names: list[str], sequences: list[int] | list[str], mixture: list[float], report: dict[str, Any]
+) -> TaskFamily:
+    """The card's task family: one row per domain with its training sequences, mixture weight, held-out perplexity."""
+    perplexity = report.get("eval_task_perplexity", {})
+    rows = {
+        name: (str(count), f"{weight:.4f}", f"{perplexity[name]:.2f}" if name in perplexity else "n/a")
+        for name, count, weight in zip(names, sequences, mixture, strict=True)
+    }
+    return TaskFamily(
+        objective="causal language modelling (next-token prediction)",
+        task_split="one per data domain: every packed sequence holds text of a single domain.",
+        table_title="Domains",
+        task_column="domain",
+        columns=("training sequences", "mixture weight", "held-out perplexity"),
+        rows=rows,
+        loss_name="next-token loss",
+        pipeline_tag="text-generation",
+        data_kind="text",
+        usage_title="Text generation",
+        usage=GENERATION_USAGE,
+        notes=(
+            "Mixture weight: each domain's share of the training sequences (natural proportions), or the weights the "
+            "domains were drawn with (from a file, or time-averaged over the steps when drawn online).",
+        ),
+        limitations=("A small decoder trained briefly: its generations are not fluent text.",),
+    )
+
+
+def causal_lm_card_content(
+    model: Any,
+    tokenizer: Any,
+    tokenizer_source: str | None,
+    report: dict[str, Any],
+    texts: Any,
+    sequences: list[int] | list[str],
+    mixture: list[float],
+    model_args: Any,
+) -> ModelCardContent:
+    """The card of a decoder run over domains: its model and size, tokenizer origin, domains (training sequences,
+    mixture weight, held-out perplexity), data and report."""
+    trained = f"a byte-level BPE tokenizer trained on this run's training text (vocabulary of {len(tokenizer)} tokens)"
+    return ModelCardContent(
+        architecture=type(model).__name__,
+        tasks=domain_tasks(texts.names, sequences, mixture, report),
+        report=report,
+        training_data=texts.training_data,
+        base_model=model_args.model_name_or_path,
+        plot=TRAJECTORY_PLOT_NAME,
+        model_size=model_size(model),
+        tokenizer=checkpoint_tokenizer(tokenizer_source, len(tokenizer)) if tokenizer_source else trained,
     )
 
 
