@@ -9,6 +9,8 @@ same batches for every configuration:
   serves generation, where one position's logits are needed. So the plain Trainer as it is, is the baseline.
 * ``minimax-full``: ``MinimaxTrainer`` (weighting ``minimax``) with ``causal_lm_chunk_size=0``: the model's logits.
 * ``minimax-chunk<N>``: ``MinimaxTrainer`` with ``causal_lm_chunk_size=N``.
+* ``minimax-chunk128-reference``: the same with a same-size reference model (``--reference_model``, DoReMi's online
+  excess), whose forward pass runs through the same sliced loss without gradient.
 
 Step time: every configuration lives in one process with its own copy of the model; one step of each per round, in
 alternating order, so machine load hits them alike; the ratio to ``plain`` is taken within each round, the median
@@ -52,7 +54,8 @@ from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 RESULTS = Path(__file__).with_name("results")
 DOMAINS = ["news", "code", "web"]
 CHUNK_SIZES = [128, 256, 512, 1024]
-CONFIGS = ["plain", "minimax-full", *(f"minimax-chunk{n}" for n in CHUNK_SIZES)]
+CONFIGS = ["plain", "minimax-full", *(f"minimax-chunk{n}" for n in CHUNK_SIZES), "minimax-chunk128-reference"]
+REFERENCE = "-reference"  # a configuration with a same-size reference model (--reference_model, the online excess)
 MMAP_THRESHOLD = 65536
 
 
@@ -83,14 +86,21 @@ def make_trainer(config: str, out: str, cli: argparse.Namespace) -> Trainer:
         num_key_value_heads=max(1, cli.hidden // 128),
         max_position_embeddings=cli.seq_len,
     )
+    if config.endswith(REFERENCE):
+        torch.manual_seed(1)
+        LlamaForCausalLM(llama).save_pretrained(f"{out}/reference")
+        torch.manual_seed(0)
     model = LlamaForCausalLM(llama)
     common = dict(
         output_dir=out, report_to=[], use_cpu=not torch.cuda.is_available(), learning_rate=1e-4, disable_tqdm=True
     )
     if config == "plain":
         return Trainer(model=model, args=TrainingArguments(**common))
-    chunk = 0 if config == "minimax-full" else int(config.removeprefix("minimax-chunk"))
-    args = MinimaxTrainingArguments(**common, task_names=DOMAINS, weighting="minimax", causal_lm_chunk_size=chunk)
+    chunk = 0 if config == "minimax-full" else int(config.removeprefix("minimax-chunk").removesuffix(REFERENCE))
+    reference = dict(loss_normalization="excess", reference_model=f"{out}/reference") if REFERENCE in config else {}
+    args = MinimaxTrainingArguments(
+        **common, task_names=DOMAINS, weighting="minimax", causal_lm_chunk_size=chunk, **reference
+    )
     return MinimaxTrainer(model=model, args=args)
 
 

@@ -160,9 +160,10 @@ def claim_for_new_run(
 
 
 @contextmanager
-def disk_full_is_one_line(output_dir: str | Path) -> Iterator[None]:
+def disk_full_is_one_line(output_dir: str | Path, resumes: bool = True) -> Iterator[None]:
     """Turn a full disk while saving (an ``OSError`` ENOSPC, or safetensors' ``SafetensorError`` wrapping it) into one
-    :class:`UsageError` line: a rerun of the same command resumes from the last complete checkpoint."""
+    :class:`UsageError` line: a rerun of the same command resumes from the last complete checkpoint (``resumes``), or
+    starts over (a fine-tuning run, which does not resume)."""
     from safetensors import SafetensorError
 
     try:
@@ -172,5 +173,6 @@ def disk_full_is_one_line(output_dir: str | Path) -> Iterator[None]:
             raise
         raise UsageError(
             f"no space left on the device of --output_dir {output_dir} while saving ({type(err).__name__}); free "
-            "space and rerun the same command: it resumes from the last complete checkpoint"
+            "space and rerun the same command: "
+            + ("it resumes from the last complete checkpoint" if resumes else "the run starts over")
         ) from err

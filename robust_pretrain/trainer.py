@@ -143,6 +143,12 @@ class MinimaxTrainer(Trainer):
             if self.args.reference_model is not None
             else None
         )
+        #: the reference model's per-target losses by the same chunked path (its full logits never exist)
+        self.reference_lm_loss = (
+            ChunkedNextTokenLoss.attach(self.reference.model, self.args.causal_lm_chunk_size)
+            if self.reference is not None and self.lm_loss is not None
+            else None
+        )
         #: the weights of the step's objective over the union of its batches (as logged and checkpointed)
         self.step_weights = torch.zeros(self.num_tasks)
         self._rule_weights = torch.zeros(self.num_tasks)  # the strategy's weights, applied to each micro-batch
@@ -371,15 +377,16 @@ class MinimaxTrainer(Trainer):
             and labels.shape == inputs.get("input_ids", labels).shape
         )
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
-        chunked = self.lm_loss is not None and not reference and not self._collecting_predictions
+        lm_loss = self.reference_lm_loss if reference else self.lm_loss
+        chunked = lm_loss is not None and not self._collecting_predictions
         if chunked:  # the model returns the logits of its first position only
-            context = self.lm_loss.targets(targets.mask, targets.gather(labels), smoothing, targets.positions)
+            context = lm_loss.targets(targets.mask, targets.gather(labels), smoothing, targets.positions)
         else:
             context = head.select(targets.mask, targets.positions) if sparse else nullcontext()
         with context:
             outputs = model(**inputs)
         if chunked:
-            losses = self.lm_loss.losses(outputs)
+            losses = lm_loss.losses(outputs)
         else:
             if isinstance(outputs, dict) and "logits" not in outputs:
                 raise ValueError(

@@ -785,6 +785,27 @@ def test_a_full_disk_while_saving_is_one_line(workspace: Path, capsys, monkeypat
     assert "rerun the same command: it resumes from the last complete checkpoint" in message[0]
 
 
+def test_a_full_disk_while_fine_tuning_is_one_line_that_says_the_run_starts_over(
+    workspace: Path, mmae_checkpoint: Path, image_folders: Path, capsys, monkeypatch
+) -> None:
+    """Fine-tuning does not resume: the same line, saying a rerun starts over."""
+    from safetensors import SafetensorError
+    from transformers import Trainer
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(Trainer, "train", full_disk)
+    out = workspace / "dense"
+    argv = ["--model_name_or_path", str(mmae_checkpoint), "--task", "semseg", "--output_dir", str(out)]
+    status = dense_finetune.main([*argv, *DENSE, str(image_folders / "plain")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    message = [line for line in err.splitlines() if line.startswith("robust-pretrain-finetune-dense: error: ")]
+    assert len(message) == 1 and f"no space left on the device of --output_dir {out} while saving" in message[0]
+    assert "rerun the same command: the run starts over (" in message[0]
+
+
 @pytest.mark.parametrize(
     ("module", "options", "fragment"),
     [

@@ -375,3 +375,23 @@ def test_output_embeddings_sharded_in_a_unit_of_their_own_are_refused(tmp_path):
                 trainer.lm_loss._compute_losses(head, (hidden,))
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_the_reference_model_runs_through_the_chunked_loss(tmp_path):
+    """``--reference_model`` with a causal LM: the reference's per-target losses come from the same sliced path (its
+    forward returns first-position logits only: the full logits never exist) and equal the full-logits ones."""
+    reference = tmp_path / "reference"
+    tiny_llama(seed=3).save_pretrained(reference)
+    options = dict(weighting="minimax", loss_normalization="excess", reference_model=str(reference))
+    sums, lengths = {}, {}
+    for chunk in (0, 4):
+        args = make_args(str(tmp_path / str(chunk)), causal_lm_chunk_size=chunk, **options)
+        trainer = MinimaxTrainer(model=tiny_llama(), args=args)
+        assert (trainer.reference_lm_loss is not None) == bool(chunk)
+        seen = lengths.setdefault(chunk, [])
+        trainer.reference.model.register_forward_hook(lambda module, args, output, seen=seen: seen.append(output))
+        samples, _ = trainer.get_batch_samples(iter([domain_examples(6)]), 1, torch.device("cpu"))
+        sums[chunk] = trainer._reference_sums(dict(samples[0]))
+        lengths[chunk] = seen[0].logits.shape[1]
+    assert lengths == {0: 16, 4: 1}
+    torch.testing.assert_close(sums[4], sums[0], rtol=1e-5, atol=1e-5)

@@ -33,7 +33,7 @@ from robust_pretrain.glue.data import HUB_DATASET, load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
 from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
 from robust_pretrain.options import LoraArguments, check_options, option
-from robust_pretrain.output_dir import claim_for_new_run
+from robust_pretrain.output_dir import claim_for_new_run, disk_full_is_one_line
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.recipe_cards import glue_card_content
 from robust_pretrain.trainer import register_process_group_teardown
@@ -275,9 +275,10 @@ def run_finetune(
         compute_metrics=build_compute_metrics(spec),
     )
     if training_args.do_train:
-        train_result = trainer.train()
-        if save_model:
-            trainer.save_model()
+        with disk_full_is_one_line(training_args.output_dir, resumes=False):
+            train_result = trainer.train()
+            if save_model:
+                trainer.save_model()
         log_train_results(trainer, train_result, len(trainer.train_dataset))
 
     eval_metrics: dict[str, float] = {}

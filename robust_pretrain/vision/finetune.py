@@ -65,7 +65,7 @@ from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.finetuning import log_train_results
 from robust_pretrain.options import LoraArguments, check_options, option
-from robust_pretrain.output_dir import claim_for_new_run
+from robust_pretrain.output_dir import claim_for_new_run, disk_full_is_one_line
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.plots import plot_predictions
 from robust_pretrain.reporting.recipe_cards import dense_card_content
@@ -1075,13 +1075,14 @@ def run_finetune(
     )
     output_dir = Path(training_args.output_dir)
     if training_args.do_train:
-        train_result = trainer.train()
-        if save_model:
-            trainer.save_model()
-            if trainer.is_world_process_zero():
-                processor.save_pretrained(output_dir)
-                if lora_args.use_lora and model.config.model_type == MultiMAEConfig.model_type:
-                    model.config.save_pretrained(output_dir)  # beside the adapter: the one-line load needs the head
+        with disk_full_is_one_line(training_args.output_dir, resumes=False):
+            train_result = trainer.train()
+            if save_model:
+                trainer.save_model()
+                if trainer.is_world_process_zero():
+                    processor.save_pretrained(output_dir)
+                    if lora_args.use_lora and model.config.model_type == MultiMAEConfig.model_type:
+                        model.config.save_pretrained(output_dir)  # beside the adapter: the one-line load needs the head
         log_train_results(trainer, train_result, len(data.train))
 
     eval_metrics: dict[str, float] = {}
