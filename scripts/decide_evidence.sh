@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The imbalanced-domain experiment of issue 28 item 4: robust-pretrain-decide on two regimes (EWT genres + Python
 # standard-library code at ~3 %; EWT genres with email cut to ~2.6 %), arms natural / sampling_control (baseline) /
-# minimax / doremi, 8 paired seeds, 600 steps. Protocol and decision rule: scripts/decide_evidence_protocol.md.
+# minimax / group_dro / doremi, 8 paired seeds, 600 steps. Protocol and decision rule: scripts/decide_evidence_protocol.md.
 #
 #   bash scripts/decide_evidence.sh [OUT]       (OUT defaults to outputs/decide-evidence)
 #
@@ -26,7 +26,7 @@ for regime in $REGIMES; do
   "$PY" scripts/decide_evidence_state.py restore "$OUT/$regime" "$STATE/$regime"
   # shellcheck disable=SC2086  # SEEDS and EXTRA are lists
   run "decide-$regime" "$PY" recipes/decide_mixing.py --output_dir "$OUT/$regime" \
-    --arms natural sampling_control minimax doremi --baseline sampling_control --seeds $SEEDS \
+    --arms natural sampling_control minimax group_dro doremi --baseline sampling_control --seeds $SEEDS \
     --endpoint worst_domain_loss --margin 0.1 --confidence 0.95 \
     --train_file "$OUT/$regime.jsonl" --domain_column domain --validation_split_percentage 15 \
     --max_steps 600 --disable_tqdm true ${EXTRA:-}
