@@ -206,15 +206,18 @@ def test_the_real_recipe_end_to_end_and_a_rerun_reuses_every_cell(tmp_path):
     passed = [a for a in recipe_argv(tmp_path, "unused", "--max_steps", "3") if a not in ("--seed", "5")]
     passed = passed[: passed.index("--output_dir")] + passed[passed.index("--output_dir") + 2 :]
     root = tmp_path / "decide"
-    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", "sampling_control", "minimax", *passed]
+    arms = ["sampling_control", "minimax", "doremi"]
+    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", *arms, *passed]
     summary = decide.run(argv)
-    assert list(summary["arms"]) == ["natural", "sampling_control", "minimax"]
+    assert list(summary["arms"]) == ["natural", *arms]
+    doremi = json.loads((root / "cells" / "doremi" / "seed-1" / "main" / "task_report.json").read_text())
+    assert doremi["mixture_kind"] == "file"  # the mixture's main run, drawing the learned weights
     natural = json.loads((root / "cells" / "natural" / "seed-1" / "task_report.json").read_text())
     control = json.loads((root / "cells" / "sampling_control" / "seed-1" / "task_report.json").read_text())
     assert control["mixture_kind"] == "file" and control["mixture_weights"] == pytest.approx(natural["mixture_weights"])
     minimax = json.loads((root / "cells" / "minimax" / "seed-2" / "task_report.json").read_text())
     assert minimax["weighting"] == "minimax" and minimax["settings"]["domain_sampling"] == "online"
     assert summary["arms"]["minimax"]["endpoint_per_seed"]["2"] == max(minimax["eval_task_loss"].values())
-    stamps = {p: p.stat().st_mtime_ns for p in root.glob("cells/*/*/task_report.json")}
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("cells/**/task_report.json")}
     assert decide.run(argv) == json.loads(json.dumps(summary))  # the same verdict from the reused cells
-    assert {p: p.stat().st_mtime_ns for p in root.glob("cells/*/*/task_report.json")} == stamps
+    assert {p: p.stat().st_mtime_ns for p in root.glob("cells/**/task_report.json")} == stamps

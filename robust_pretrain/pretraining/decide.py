@@ -229,7 +229,8 @@ def run_cell(recipe: str, cell: Path, options: list[str]) -> dict[str, Any]:
     """A cell by the mixture's stage rule: reused when finished with the same options, else trained (resuming)."""
     if recipe == "mixture":
         return mixture.run([*options, "--output_dir", str(cell)])["main"]
-    return mixture.run_stage(cell, options, lambda d, o: causal_lm.run([*o, "--output_dir", str(d)])["report"])
+    run = lambda folder, given: causal_lm.run([*given, "--output_dir", str(folder)])["report"]  # noqa: E731
+    return mixture.run_stage(cell.parent, cell.name, list(options), run, [])
 
 
 def main(argv: list[str] | None = None) -> int:

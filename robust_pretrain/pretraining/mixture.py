@@ -215,7 +215,8 @@ def mixture_workflow(args: MixtureArguments, runner: StageRunner, passed: list[s
     domains, natural_weights = reference["tasks"], reference["mixture_weights"]
     shared = [*shared, "--tokenizer_name", Path(reference_name)]
     if args.proxy_sampling == "uniform":
-        (root / UNIFORM_NAME).write_text(json.dumps({"weights": dict.fromkeys(domains, 1.0)}, indent=2) + "\n")
+        uniform = {"weights": dict.fromkeys(domains, 1.0), "provenance": reference["provenance"]}  # the same data
+        (root / UNIFORM_NAME).write_text(json.dumps(uniform, indent=2) + "\n")
     against = {
         "token": "per-token excess over the reference model",
         "held_out": "excess over the reference's held-out means",
