@@ -8,8 +8,8 @@
 # Environment: PY (python), SEEDS (default 42-49), REGIMES (default "python rare_email"), EXTRA (options added to
 # every run, e.g. "--max_steps 4" for a smoke test), RESULTS (default benchmarks/results/decide_evidence), STATE
 # (default benchmarks/results/decide_evidence_state). Resumable within a session (finished cells reused, an
-# interrupted one resumes) and across sessions: the finished cells' JSON files are saved to $STATE after every
-# invocation (commit them) and restored at the start of the next.
+# interrupted one resumes) and across sessions: the finished cells' JSON files are saved to $STATE every 2 minutes
+# and after every invocation (commit them), and restored at the start of the next.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-outputs/decide-evidence}
@@ -24,6 +24,9 @@ mkdir -p "$(dirname "$RESULTS")"
 for regime in $REGIMES; do
   "$PY" scripts/decide_evidence_data.py --regime "$regime" --out "$OUT/$regime.jsonl"
   "$PY" scripts/decide_evidence_state.py restore "$OUT/$regime" "$STATE/$regime"
+  # save the finished cells every 2 minutes too: a run stopped from outside (a session ending) keeps them
+  (while sleep 120; do "$PY" scripts/decide_evidence_state.py save "$OUT/$regime" "$STATE/$regime" > /dev/null; done) &
+  saver=$!
   # shellcheck disable=SC2086  # SEEDS and EXTRA are lists
   run "decide-$regime" "$PY" recipes/decide_mixing.py --output_dir "$OUT/$regime" \
     --arms natural sampling_control minimax group_dro doremi --baseline sampling_control --seeds $SEEDS \
@@ -31,6 +34,7 @@ for regime in $REGIMES; do
     --train_file "$OUT/$regime.jsonl" --domain_column domain --validation_split_percentage 15 \
     --max_steps 600 --disable_tqdm true ${EXTRA:-}
   status=$?
+  kill "$saver" 2>/dev/null
   "$PY" scripts/decide_evidence_state.py save "$OUT/$regime" "$STATE/$regime"
   if [ "$status" -ne 0 ]; then
     echo "decide $regime stopped (exit $status): see $OUT/decide-$regime.log; rerun to resume" >&2
