@@ -242,6 +242,19 @@ def chunked_head_losses(
         )
 
 
+def check_sharding(distributed_type: str, fsdp_version: int | None) -> None:
+    """Refuse the engines that shard the output embeddings outside the model's forward pass (Accelerate's
+    ``DistributedType`` value and FSDP version): DeepSpeed and FSDP1; FSDP2 gathers the root's weights for the whole
+    forward pass, where the chunked loss runs."""
+    if distributed_type == "DEEPSPEED" or (distributed_type == "FSDP" and fsdp_version != 2):
+        engine = "DeepSpeed" if distributed_type == "DEEPSPEED" else "FSDP1"
+        raise ValueError(
+            f"{OPTION} is not supported with {engine}, which flattens or partitions the output embeddings' weight "
+            "outside the model's forward pass: use FSDP2 (fsdp_version: 2, where the chunked loss runs inside the "
+            f"forward on the gathered weight) or set {OPTION}=0"
+        )
+
+
 class ChunkedNextTokenLoss:
     """Computes a causal LM's per-target next-token losses inside its forward pass, in chunks of positions.
 

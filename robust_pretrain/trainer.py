@@ -70,7 +70,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
-from .causal_lm_loss import ChunkedNextTokenLoss
+from .causal_lm_loss import ChunkedNextTokenLoss, check_sharding
 from .reference import ReferenceModel
 from .seeding import SetEpochCallback
 from .task_losses import TargetPositionsHead, TaskTargets, next_token_targets, per_target_losses, reduce_by_task
@@ -250,19 +250,9 @@ class MinimaxTrainer(Trainer):
     def _chunked_lm_loss(self) -> ChunkedNextTokenLoss | None:
         if not (self.causal_lm and self.args.causal_lm_chunk_size):
             return None
-        running = self.accelerator.distributed_type
-        fsdp_version = getattr(getattr(self.accelerator.state, "fsdp_plugin", None), "fsdp_version", None)
-        if running == DistributedType.DEEPSPEED or (running == DistributedType.FSDP and fsdp_version != 2):
-            engine = "DeepSpeed" if running == DistributedType.DEEPSPEED else "FSDP1"
-            raise ValueError(
-                f"causal_lm_chunk_size is not supported with {engine}, which flattens or partitions the output "
-                "embeddings' weight outside the model's forward pass: use FSDP2 (fsdp_version: 2, where the chunked "
-                "loss runs inside the forward on the gathered weight) or set causal_lm_chunk_size=0"
-            )
-        chunked = ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
-        if chunked is None:
-            logger.info(f"causal_lm_chunk_size: {type(self.model).__name__} has no output embeddings; its logits serve")
-        return chunked
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        check_sharding(self.accelerator.distributed_type.value, getattr(plugin, "fsdp_version", None))
+        return ChunkedNextTokenLoss.attach(self.model, self.args.causal_lm_chunk_size)
 
     @property
     def num_tasks(self) -> int:

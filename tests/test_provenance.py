@@ -236,7 +236,8 @@ def test_the_pos_recipe_refuses_a_reference_run_recorded_before_the_schema(tmp_p
     old = {"tasks": TASKS, "tokenizer": {"name": "bert", "sha256": SHA_A}, "held_out_data": SHA_A}
     report = {"tasks": TASKS, "eval_task_loss": dict.fromkeys(TASKS, 3.0), "provenance": old}
     (tmp_path / "old" / "task_report.json").write_text(json.dumps(report))
-    (tmp_path / "train.txt").write_text("The cat sat on the mat .\nDogs run quickly in the park .\n" * 12)
+    every_task = "Oh , the big cat and I sat quietly on a mat .\nWow , my old dog and you ran happily in the park .\n"
+    (tmp_path / "train.txt").write_text(every_task * 12)  # a word of each of the 9 tasks
     argv = ["--config", str(DEMO_CONFIG), "--output_dir", str(tmp_path / "out"), "--train_file"]
     argv += [str(tmp_path / "train.txt"), *EXCESS, "--reference_run", str(tmp_path / "old")]
     message = refused(pos_mlm.main, "robust-pretrain-pos-mlm", argv, tmp_path / "out", capsys)
@@ -265,8 +266,14 @@ def test_the_decoder_tells_its_training_data_from_its_held_out_data(tmp_path, ca
     tokenizer = tmp_path / "tokenizer"
     causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer)
     streamed = ["--streaming", "true", "--stream_held_out_texts", "4", "--tokenizer_name", str(tokenizer)]
-    causal_lm.run(recipe_argv(tmp_path, "reference", *streamed, "--max_steps", "1"))
-    argv = recipe_argv(tmp_path, "out", *streamed, *EXCESS, "--reference_run", str(tmp_path / "reference"))
+
+    def streamed_argv(output: str, *extra: str) -> list[str]:  # a stream holds out its first texts: no percentage
+        full = recipe_argv(tmp_path, output, *streamed, *extra)
+        at = full.index("--validation_split_percentage")
+        return full[:at] + full[at + 2 :]
+
+    causal_lm.run(streamed_argv("reference", "--max_steps", "1"))
+    argv = streamed_argv("out", *EXCESS, "--reference_run", str(tmp_path / "reference"))
     for name in DOMAINS:  # the files the reference read, rewritten in place after it finished
         lines = (tmp_path / f"{name}.txt").read_text().splitlines()
         (tmp_path / f"{name}.txt").write_text("\n".join(lines[:4] + lines[:3:-1]) + "\n")

@@ -132,9 +132,7 @@ def test_the_draw_within_a_domain_covers_every_sequence_uniformly():
     """A drawn domain's sequence is uniform over that domain's sequences: every one is drawn, the last included, each
     about as often as the others (chi-squared)."""
     counts = [5, 7, 3]
-    collator = DomainCollator(
-        0, TaskSamplingSchedule(3, fixed_weights=[1.0, 1.0, 1.0]), _sequences(counts), seed=4, rows_per_process=8
-    )
+    collator = _drawing([1.0, 1.0, 1.0], _sequences(counts), seed=4, rows=8)
     drawn = torch.cat([collator([{}] * 8)["input_ids"][:, 0] for _ in range(300)])
     for domain, count in enumerate(counts):
         frequency = torch.bincount(drawn[drawn // 100 == domain] % 100, minlength=count).double()
@@ -238,6 +236,7 @@ def test_importance_weighting_draws_from_one_file_toward_the_other(tmp_path):
     for name, weights in (("q.json", q), ("w.json", w)):
         (tmp_path / name).write_text(json.dumps({"weights": weights}))
     files = ["--domain_weights", str(tmp_path / "q.json"), "--objective_weights", str(tmp_path / "w.json")]
+    files += ["--reference_mismatch_ok", *PROVENANCE_ENTRIES]  # hand-written weights record no provenance
     causal_lm.run(recipe_argv(tmp_path, "corrected", *files, "--task_sampling", "fixed", "--importance_weighting", "1"))
     output = tmp_path / "corrected"
     logs = [e for e in json.loads((output / "trainer_state.json").read_text())["log_history"] if "loss" in e]

@@ -34,12 +34,20 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
-    """A small training text and a WordPiece tokenizer trained on it (both runs and both nodes use the same)."""
+    """A small training text, held-out text and a WordPiece tokenizer trained on the former (both runs and both nodes
+    use the same)."""
     folder = tmp_path_factory.mktemp("data")
     texts = load_ewt_corpus("train")["text"][:120]
     (folder / "train.txt").write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n")
+    # every task must have held-out words: the first EWT test texts have no interjection, hence the "oh"
+    held_out = [t.replace("\n", " ") + " Oh , thanks ." for t in load_ewt_corpus("test")["text"][:32]]
+    (folder / "valid.txt").write_text("\n".join(held_out) + "\n")
     train_wordpiece_tokenizer(texts, 600).save_pretrained(folder / "tokenizer")
-    return {"train_file": folder / "train.txt", "tokenizer": folder / "tokenizer"}
+    return {
+        "train_file": folder / "train.txt",
+        "validation_file": folder / "valid.txt",
+        "tokenizer": folder / "tokenizer",
+    }
 
 
 def recipe_args(output_dir: Path, data: dict[str, Path]) -> list[str]:
@@ -47,6 +55,7 @@ def recipe_args(output_dir: Path, data: dict[str, Path]) -> list[str]:
         *TINY,
         "--output_dir", str(output_dir),
         "--train_file", str(data["train_file"]),
+        "--validation_file", str(data["validation_file"]),
         "--tokenizer_name", str(data["tokenizer"]),
     ]  # fmt: skip
 
