@@ -23,7 +23,7 @@ OPTION_MODULES = (
     "robust_pretrain.pretraining.multimae",
     "robust_pretrain.glue.finetune",
     "robust_pretrain.glue.probe",
-    "robust_pretrain.vision.finetune",
+    "robust_pretrain.vision.finetune_arguments",
     "robust_pretrain.evaluation.suite",
     "robust_pretrain.vision.pseudo_label",
 )
