@@ -124,7 +124,7 @@ class ModelArguments:
         above=0,
     )
     decoder_variant: str = option(
-        "project",
+        "multimae",
         "From scratch: the cross-attention decoders' variant, 'project' (mask-token queries, a residual around the "
         "cross-attention, a final norm, reading the encoder's final norm) or 'multimae' (MultiMAE's: a visible "
         "patch's query is its own encoded token, none of the three others); see MultiMAEConfig.",
