@@ -1,8 +1,7 @@
 """Carry a resumable ``robust-pretrain-decide`` run across sessions whose checkouts start empty: ``save`` copies the
-JSON files that let a rerun reuse every finished cell (its task report, stage record and weights files; the protocol)
-into a committed folder, ``restore`` puts back what is missing. A natural cell's tokenizer files go along only while
-another arm of its seed is unfinished (those arms train with it); model weights never do (finished cells are reused
-from their reports alone).
+JSON files that let a rerun reuse every finished seed (its cells' task reports, stage records and weights files; the
+protocol) into a committed folder, ``restore`` puts back what is missing. Models and tokenizers never go along:
+finished cells are reused from their reports alone.
 
     python scripts/decide_evidence_state.py save RUN STATE      # RUN: the --output_dir, STATE: the committed folder
     python scripts/decide_evidence_state.py restore RUN STATE
@@ -14,7 +13,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+KEPT = ("task_report.json", "stage.json")
 
 
 def finished(cell: Path) -> bool:
@@ -23,15 +22,17 @@ def finished(cell: Path) -> bool:
 
 
 def kept_files(run: Path) -> list[Path]:
-    """The files of ``run`` (a decide output folder) that a rerun needs to reuse what finished."""
+    """The files of ``run`` (a decide output folder) that a rerun needs to reuse what finished: the protocol, and the
+    reports, stage records and weights files of every seed whose arms have all finished (a seed cut short is
+    retrained: its arms need the natural run's tokenizer, which is not kept)."""
     files = [run / "protocol.json"] if (run / "protocol.json").is_file() else []
-    for report in run.glob("cells/**/task_report.json"):
-        files += [report, *(p for p in [report.parent / "stage.json"] if p.is_file())]
-    files += [p for p in run.glob("cells/**/*weights*.json") if p.is_file()]
-    for natural in run.glob("cells/natural/seed-*"):
-        others = [arm / natural.name for arm in (run / "cells").iterdir() if arm.name != "natural"]
-        if finished(natural) and not all(finished(cell) for cell in others):
-            files += [natural / name for name in TOKENIZER_FILES if (natural / name).is_file()]
+    arms = [arm for arm in (run / "cells").iterdir() if arm.is_dir()] if (run / "cells").is_dir() else []
+    seeds = {cell.name for arm in arms for cell in arm.iterdir()}
+    for seed in sorted(seeds):
+        cells = [arm / seed for arm in arms]
+        if all(finished(cell) for cell in cells):
+            for cell in cells:
+                files += [p for p in cell.rglob("*.json") if p.name in KEPT or p.name.endswith("weights.json")]
     return sorted(set(files))
 
 
