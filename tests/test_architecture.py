@@ -225,8 +225,6 @@ SIZE_CEILINGS = {
     "robust_pretrain/pretraining/causal_lm.py": 672,
     "robust_pretrain/pretraining/causal_lm.py:run": 131,
     "robust_pretrain/pretraining/compare.py:run": 102,
-    "robust_pretrain/pretraining/multimae.py": 619,
-    "robust_pretrain/pretraining/multimae.py:run": 118,
     "robust_pretrain/pretraining/pos_mlm.py": 644,
     "robust_pretrain/pretraining/pos_mlm.py:run": 116,
     "robust_pretrain/trainer.py": 895,

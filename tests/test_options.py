@@ -20,7 +20,7 @@ OPTION_MODULES = (
     "robust_pretrain.training_args",
     "robust_pretrain.weighting.arguments",
     "robust_pretrain.pretraining.pos_mlm",
-    "robust_pretrain.pretraining.multimae",
+    "robust_pretrain.pretraining.multimae_arguments",
     "robust_pretrain.glue.finetune",
     "robust_pretrain.glue.probe",
     "robust_pretrain.vision.finetune_arguments",
