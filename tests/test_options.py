@@ -19,7 +19,7 @@ OPTION_MODULES = (
     "robust_pretrain.options",
     "robust_pretrain.training_args",
     "robust_pretrain.weighting.arguments",
-    "robust_pretrain.pretraining.pos_mlm",
+    "robust_pretrain.pretraining.pos_mlm_arguments",
     "robust_pretrain.pretraining.multimae_arguments",
     "robust_pretrain.glue.finetune",
     "robust_pretrain.glue.probe",
