@@ -176,8 +176,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> dict:
     """Train (or reuse) every run, then write and return the comparison."""
-    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+    cli, runs = parse_arguments(argv)
+    reference_run, reference = check_plan(cli, runs)
+    run_names = [name for name, _, _ in runs]
+    baseline = cli.baseline or ("proportional" if "proportional" in run_names else run_names[0])
+    output_dir = Path(cli.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    reports: dict[str, list[dict]] = {}
+    for name, strategy, options in runs:
+        reports[name] = [
+            run_one(output_dir / name / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds
+        ]
+    return write_comparison(reports, cli, baseline, reference_run, reference)
+
+
+def build_parser() -> ConsoleArgumentParser:
+    """The command line of ``robust-pretrain-compare`` (the options before ``--``)."""
     parser = ConsoleArgumentParser(
         prog="robust-pretrain-compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -211,6 +225,15 @@ def run(argv: list[str]) -> dict:
     parser.add_argument(
         "--recipe", choices=list(RECIPES), help="pre-training recipe (default: the one the --config file is for)"
     )
+    return parser
+
+
+def parse_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str, dict[str, str]]]]:
+    """The command line (``cli.overrides``: the options after ``--``, for every run; ``cli.recipe`` resolved) and
+    the planned runs (:func:`plan_runs`)."""
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = build_parser()
     cli = parser.parse_args(own)
     cli.overrides = overrides
     try:
@@ -218,6 +241,14 @@ def run(argv: list[str]) -> dict:
         runs = plan_runs(cli.strategies, cli.sweep)
     except ValueError as err:
         parser.error(str(err))
+    return cli, runs
+
+
+def check_plan(
+    cli: argparse.Namespace, runs: list[tuple[str, str, dict[str, str]]]
+) -> tuple[str | None, dict[str, float] | None]:
+    """Refuse, before any run, bad seeds, output directory, swept values or baseline, options every run would
+    refuse, and a reference run of other tasks; the reference run and its held-out losses (``None`` without one)."""
     problems = [f"--seeds must be >= 0, got {seed}" for seed in cli.seeds if seed < 0]
     problems += [f"--output_dir {cli.output_dir}: {why}" for why in [path_problem(cli.output_dir, "output_dir")] if why]
     for name, values in (parse_sweep(sweep) for sweep in cli.sweep or []):
@@ -228,7 +259,7 @@ def run(argv: list[str]) -> dict:
             f"--baseline {cli.baseline} is not among the runs ({', '.join(run_names)}); add its strategy to "
             "--strategies or name one of those runs"
         )
-    recipe_argv = [*(["--config", cli.config] if cli.config else []), *overrides]  # what every run is given
+    recipe_argv = [*(["--config", cli.config] if cli.config else []), *cli.overrides]  # what every run is given
     try:
         tasks, recipe_reference_run = planned_runs(cli.recipe, recipe_argv)
     except UsageError as err:
@@ -244,12 +275,19 @@ def run(argv: list[str]) -> dict:
     refuse(problems)
     if reference is not None:
         refuse([why for why in [task_mismatch(tasks, list(reference), f"the reference run {reference_run}")] if why])
-    baseline = cli.baseline or ("proportional" if "proportional" in run_names else run_names[0])
+    return reference_run, reference
+
+
+def write_comparison(
+    reports: dict[str, list[dict]],
+    cli: argparse.Namespace,
+    baseline: str,
+    reference_run: str | None,
+    reference: dict[str, float] | None,
+) -> dict:
+    """Aggregate the runs' task reports over their common tasks and write ``comparison.json``, ``comparison.md``
+    and the plots into ``cli.output_dir``; the comparison."""
     output_dir = Path(cli.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    reports: dict[str, list[dict]] = {}
-    for run, strategy, options in runs:
-        reports[run] = [run_one(output_dir / run / f"seed-{seed}", strategy, seed, options, cli) for seed in cli.seeds]
     reports, unscored = restrict_to_common_tasks(reports)
     table = aggregate_runs(reports)
     scores = aggregate_scores(reports, reference, baseline)
@@ -257,7 +295,7 @@ def run(argv: list[str]) -> dict:
         "strategies": cli.strategies,
         "seeds": cli.seeds,
         "sweeps": cli.sweep or [],
-        "overrides": overrides,
+        "overrides": cli.overrides,
         "baseline": baseline,
         "reference_run": None if reference_run is None else str(reference_run),
         "reference_losses": reference,
