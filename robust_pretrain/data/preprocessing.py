@@ -263,18 +263,8 @@ def tokenize_and_tag(
         raise ValueError(f"text column {text_column!r} not in dataset columns {column_names}")
     tokenize = _TokenizeAndTag(tokenizer, spec, tagger, text_column, None if pack else max_seq_length)
     pack_blocks = _PackBlocks(tokenizer, max_seq_length) if pack else None
-    map_options = {"batched": True, "batch_size": batch_size, "features": FEATURES}
     if isinstance(dataset, IterableDataset):
-        if column_names is None:  # undeclared columns (from_generator): check the text column as rows arrive
-            dataset = dataset.map(
-                _require_column, batched=True, batch_size=batch_size, fn_kwargs={"column": text_column}
-            )
-        # keep only the text, so that no other column leaks into the rows or breaks packing
-        texts = dataset.select_columns([text_column])
-        if pack:
-            texts = texts.map(_SplitLongTexts(text_column, MAX_TEXT_CHARS), batched=True, batch_size=batch_size)
-        tokenized = texts.map(tokenize, remove_columns=[text_column], **map_options)
-        return tokenized.map(pack_blocks, **map_options) if pack else tokenized
+        return _tag_stream(dataset, tokenize, pack_blocks, text_column, batch_size)
     settings = [
         _TRANSFORM_VERSION,
         _tokenizer_fingerprint(tokenizer),
@@ -285,12 +275,49 @@ def tokenize_and_tag(
         pack,
         batch_size,
     ]
-    if pack and _longest_text(dataset, text_column) > MAX_TEXT_CHARS:
+    return _tag_dataset(
+        dataset, tokenize, pack_blocks, settings, text_column, batch_size, num_proc, load_from_cache_file
+    )
+
+
+def _tag_stream(
+    dataset: IterableDataset,
+    tokenize: _TokenizeAndTag,
+    pack_blocks: _PackBlocks | None,
+    text_column: str,
+    batch_size: int,
+) -> IterableDataset:
+    """:func:`tokenize_and_tag` of a stream: mapped lazily, packed when ``pack_blocks`` is given."""
+    map_options = {"batched": True, "batch_size": batch_size, "features": FEATURES}
+    if dataset.column_names is None:  # undeclared columns (from_generator): check the text column as rows arrive
+        dataset = dataset.map(_require_column, batched=True, batch_size=batch_size, fn_kwargs={"column": text_column})
+    # keep only the text, so that no other column leaks into the rows or breaks packing
+    texts = dataset.select_columns([text_column])
+    if pack_blocks is not None:
+        texts = texts.map(_SplitLongTexts(text_column, MAX_TEXT_CHARS), batched=True, batch_size=batch_size)
+    tokenized = texts.map(tokenize, remove_columns=[text_column], **map_options)
+    return tokenized.map(pack_blocks, **map_options) if pack_blocks is not None else tokenized
+
+
+def _tag_dataset(
+    dataset: Dataset,
+    tokenize: _TokenizeAndTag,
+    pack_blocks: _PackBlocks | None,
+    settings: list,
+    text_column: str,
+    batch_size: int,
+    num_proc: int | None,
+    load_from_cache_file: bool | None,
+) -> Dataset:
+    """:func:`tokenize_and_tag` of a ``Dataset``: mapped eagerly, each step cached under a fingerprint of the input
+    and the ``settings``; packed when ``pack_blocks`` is given."""
+    map_options = {"batched": True, "batch_size": batch_size, "features": FEATURES}
+    if pack_blocks is not None and _longest_text(dataset, text_column) > MAX_TEXT_CHARS:
         dataset = dataset.map(
             _SplitLongTexts(text_column, MAX_TEXT_CHARS),
             batched=True,
             batch_size=batch_size,
-            remove_columns=column_names,
+            remove_columns=dataset.column_names,
             num_proc=num_proc,
             new_fingerprint=Hasher.hash([dataset._fingerprint, *settings, MAX_TEXT_CHARS]),
             load_from_cache_file=load_from_cache_file,
@@ -305,7 +332,7 @@ def tokenize_and_tag(
         desc="Tokenizing and PoS-tagging",
         **map_options,
     )
-    if not pack:
+    if pack_blocks is None:
         return tokenized
     return tokenized.map(
         pack_blocks,
