@@ -5,12 +5,14 @@ mkdir -p "$OUT"
 # kept across invocations (a resumed experiment keeps its earlier wall times): each invocation starts with a # line
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $0" | tee -a "$OUT/timings.txt" >> "$OUT/commands.txt"
 
-run() {  # run NAME COMMAND...: run, log to $OUT/NAME.log, record the command and its wall time
+run() {  # run NAME COMMAND...: run, log to $OUT/NAME.log, record the command and its wall time, return its status
   local name=$1 start
   shift
   echo "$*" >> "$OUT/commands.txt"
   echo "+ $*"
   start=$(date +%s)
   "$@" > "$OUT/$name.log" 2>&1
+  local status=$?
   echo "$name $(( $(date +%s) - start ))" >> "$OUT/timings.txt"
+  return "$status"
 }
