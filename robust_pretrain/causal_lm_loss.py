@@ -8,7 +8,8 @@ each slice's logits no larger than ``chunk_size`` targets' full logits; only one
 forward pass and again in the backward pass, which recomputes them. The head itself then runs on the first position
 only, and those logits (what the model returns) check, in forward passes 1, 2, 4, 8, ..., that the head's output is
 reproduced: ``nn.Linear`` followed by the logit scaling and soft-capping conventions of transformers' decoders
-(:class:`LogitTransform`). A model whose head does something else is refused, naming it.
+(:class:`LogitTransform`), read on the host in the first pass only (later checks are device assertions, no host
+sync). A model whose head does something else is refused, naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+
+from .task_losses import refuse_on_device
 
 #: the option that switches the chunked loss off, named in every refusal
 OPTION = "causal_lm_chunk_size"
@@ -263,8 +266,9 @@ class ChunkedNextTokenLoss:
     :func:`chunked_head_losses`, and passes the head only the first position, so the model returns logits of shape
     ``[batch, 1, vocab]``. In forward passes 1, 2, 4, 8, ... (a logit transform the code does not know can hide
     while the logits are small), those logits are compared with the head's output as reproduced here
-    (:class:`LogitTransform`); a mismatch raises ``ValueError``. The hook changes nothing in the model's state dict
-    and does nothing outside :meth:`targets`.
+    (:class:`LogitTransform`); a mismatch raises ``ValueError`` (from pass 2 on, checked without a host sync: on a
+    GPU an asynchronous device-side assertion, surfacing at the next sync). The hook changes nothing in the model's
+    state dict and does nothing outside :meth:`targets`.
     """
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module, chunk_size: int) -> None:
@@ -349,6 +353,8 @@ class ChunkedNextTokenLoss:
         return (first_position, *args[1:])
 
     def _verify(self, logits: torch.Tensor) -> None:
+        """Compare the model's logits with the head's output transformed; the first pass reads the difference on the
+        host (one sync, named in the error), later ones check it on the device (:func:`refuse_on_device`, no sync)."""
         expected, self._first_position = self._first_position, None
         if logits.shape != expected.shape:
             raise ValueError(
@@ -357,12 +363,17 @@ class ChunkedNextTokenLoss:
             )
         expected = self.transform(expected.float())
         tolerance = 1e-4 if logits.dtype == torch.float32 else 2e-2
-        error = float((logits.detach().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6))
-        if not math.isfinite(error) or error > tolerance:
-            raise ValueError(
-                f"{OPTION}: the logits of {self.model_name} are not its output embeddings' output transformed as "
-                f"its config declares ({self.transform}); relative difference {error:.2g}; set {OPTION}=0"
-            )
+        error = (logits.detach().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)
+        message = (
+            f"{OPTION}: the logits of {self.model_name} are not its output embeddings' output transformed as its "
+            f"config declares ({self.transform})"
+        )
+        if self.forward_passes > 1:
+            refuse_on_device(~(error <= tolerance), f"{message}; set {OPTION}=0")
+            return
+        difference = float(error)
+        if not math.isfinite(difference) or difference > tolerance:
+            raise ValueError(f"{message}; relative difference {difference:.2g}; set {OPTION}=0")
 
     def remove(self) -> None:
         self._handle.remove()
