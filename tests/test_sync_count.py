@@ -22,7 +22,7 @@ from tiny_vision import BatchExamples, random_batch, tiny_config
 from transformers import Trainer, TrainingArguments
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.task_losses import TaskTargets
+from robust_pretrain.task_losses import HOST_TARGET_COLUMNS, HostTargets, TaskTargets, next_token_targets
 from robust_pretrain.vision import MultiMAEForPreTraining
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
@@ -196,3 +196,50 @@ def test_a_sync_per_micro_batch_breaks_the_decoder_budget(tmp_path):
     plain_count, minimax_count = causal_lm_step_syncs(tmp_path, 2, host_targets=False)
     assert minimax_count.counts - plain_count.counts == {"nonzero": 2, "cpu()": 2}
     assert minimax_count.total > plain_count.total + DECODER_ALLOWANCE[2]
+
+
+@pytest.mark.parametrize("layout", ["next-token, example-level ids", "next-token, token-level ids", "masked LM"])
+def test_host_targets_are_the_targets_found_on_the_device(layout):
+    """The collator's host-side positions and task ids (:class:`HostTargets`) equal those :class:`TaskTargets` finds
+    by a ``nonzero`` on the same batch, shifted for a next-token loss; so do the per-task counts taken from them."""
+    from tiny_causal_lm import DOMAINS, domain_examples
+
+    next_token = layout.startswith("next-token")
+    batch = domain_examples(6, seed=1) if next_token else masked_examples(6, seed=3)
+    if layout == "next-token, token-level ids":
+        batch["task_ids"] = torch.where(
+            batch["labels"] != -100, torch.arange(batch["labels"].numel()).view_as(batch["labels"]) % len(DOMAINS), -100
+        )
+    num_tasks = len(DOMAINS if next_token else TASKS)
+    host = HostTargets(lambda features: dict(features[0]), num_tasks, next_token)([batch])
+    labels, task_ids = (
+        next_token_targets(batch["labels"], batch["task_ids"]) if next_token else (batch["labels"], batch["task_ids"])
+    )
+    device = TaskTargets(labels, task_ids, num_tasks)
+    positions, ids = (host[column] for column in HOST_TARGET_COLUMNS)
+    assert torch.equal(positions, device.positions) and torch.equal(ids, device.ids)
+    found = TaskTargets(labels, task_ids, num_tasks, found=(positions, ids))
+    assert torch.equal(found.counts(), device.counts()) and torch.equal(found.gather(labels), device.gather(labels))
+
+
+def test_host_targets_refuse_a_bad_task_id_in_the_collator():
+    batch = masked_examples(4)
+    batch["task_ids"] = torch.where(batch["labels"] != -100, len(TASKS), -100)
+    with pytest.raises(ValueError, match="task id is >= the 3 tasks"):
+        HostTargets(lambda features: features[0], len(TASKS), next_token=False)([batch])
+
+
+@pytest.mark.parametrize("dispatch_batches", [False, True])
+def test_training_batches_carry_host_targets_unless_accelerate_splits_them_after_collation(tmp_path, dispatch_batches):
+    """The training data loader's batches carry the host-side targets; one that Accelerate dispatches (collated on
+    one process, then split by rows) does not, and its targets are found on the device."""
+    from tiny_causal_lm import DOMAINS, domain_examples, tiny_llama
+
+    args = MinimaxTrainingArguments(
+        output_dir=str(tmp_path), task_names=DOMAINS, accelerator_config={"dispatch_batches": dispatch_batches}, **STEP
+    )
+    trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=as_dataset(domain_examples(8)))
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert (HOST_TARGET_COLUMNS[0] in batch) is not dispatch_batches
+    assert not hasattr(trainer.data_collator, "enabled")  # the trainer's own collator is left as it was
+    trainer.train()  # the extra columns never reach the model
