@@ -14,6 +14,7 @@ sync). A model whose head does something else is refused, naming it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from .task_losses import refuse_on_device
+
+logger = logging.getLogger(__name__)
 
 #: the option that switches the chunked loss off, named in every refusal
 OPTION = "causal_lm_chunk_size"
@@ -161,9 +164,9 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             grad = transform.backward(grad, logits).to(compute_dtype)
             del logits
             if need_hidden:
-                grad_hidden.add_(grad @ _cast(weight[columns], compute_dtype))
+                _accumulate_product(grad_hidden, grad, _cast(weight[columns], compute_dtype))
             if need_weight:
-                grad_weight[columns] = grad.T @ inputs
+                _write_product(grad_weight[columns], grad.T, inputs)
             if need_bias:
                 grad_bias[columns] = grad.sum(dim=0)
         return (
@@ -172,6 +175,35 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             grad_bias,
             *(None,) * 5,
         )
+
+
+def _accumulate_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += a @ b``, in place where the dtypes agree (no ``out``-sized temporary)."""
+    if out.dtype == a.dtype:
+        out.addmm_(a, b)
+    else:
+        out.add_(a @ b)
+
+
+def _write_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out[...] = a @ b`` (``out``: a contiguous slice of the gradient), written in place where the dtypes agree."""
+    if out.dtype == a.dtype:
+        torch.mm(a, b, out=out)
+    else:
+        out.copy_(a @ b)
+
+
+#: the range of the chunk size derived from the shapes (:func:`default_chunk_size`)
+CHUNK_RANGE = (128, 8192)
+
+
+def default_chunk_size(targets: int, vocab: int, hidden: int) -> int:
+    """The chunk size when ``causal_lm_chunk_size`` is unset, from the shapes (Liger kernel's rule for its fused
+    linear cross-entropy): ``next_pow2(ceil(targets / ceil(vocab / hidden)))``, so that a chunk's logits hold about as
+    many elements as the hidden states of all targets, clamped to :data:`CHUNK_RANGE`."""
+    ratio = -(-vocab // max(hidden, 1))
+    chunk = 1 << (max(-(-targets // ratio), 1) - 1).bit_length()
+    return min(max(chunk, CHUNK_RANGE[0]), CHUNK_RANGE[1])
 
 
 #: slices wider than this are a multiple of it: aligned matrix shapes (an odd width takes slow GPU kernels)
@@ -271,7 +303,7 @@ class ChunkedNextTokenLoss:
     state dict and does nothing outside :meth:`targets`.
     """
 
-    def __init__(self, model: torch.nn.Module, head: torch.nn.Module, chunk_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, head: torch.nn.Module, chunk_size: int | None = None) -> None:
         if type(head) is not torch.nn.Linear:
             raise ValueError(
                 f"{OPTION}: the output embeddings of {type(model).__name__} are a {type(head).__name__}, not a plain "
@@ -279,7 +311,10 @@ class ChunkedNextTokenLoss:
             )
         self.model_name = type(model).__name__
         self.head = head
+        #: the option's chunk size; ``None``: :func:`default_chunk_size` of each forward pass's shapes
         self.chunk_size = chunk_size
+        #: the chunk size of the last forward pass (``None`` before the first)
+        self.last_chunk_size: int | None = None
         self.transform = LogitTransform.of(model.config) if hasattr(model, "config") else LogitTransform()
         self.forward_passes = 0
         self._request: tuple[torch.Tensor, torch.Tensor, float] | None = None
@@ -288,7 +323,7 @@ class ChunkedNextTokenLoss:
         self._handle = head.register_forward_pre_hook(self._compute_losses)
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, chunk_size: int) -> ChunkedNextTokenLoss | None:
+    def attach(cls, model: torch.nn.Module, chunk_size: int | None = None) -> ChunkedNextTokenLoss | None:
         """Hook the output embeddings of ``model`` (also inside a peft wrapper); ``None`` for a model without any
         (``get_output_embeddings``), whose own logits are then used."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -344,7 +379,14 @@ class ChunkedNextTokenLoss:
                 f"shard them with the root module (leave lm_head out of the wrap policy) or set {OPTION}=0"
             )
         selected = hidden[mask] if positions is None else hidden.flatten(0, 1).index_select(0, positions)
-        self._losses = chunked_head_losses(selected, module, targets, self.chunk_size, self.transform, smoothing)
+        chunk_size = self.chunk_size or default_chunk_size(selected.shape[0], *module.weight.shape)
+        if self.chunk_size is None and chunk_size != self.last_chunk_size:
+            logger.info(
+                f"{OPTION} from the shapes: {chunk_size} ({selected.shape[0]} targets, vocabulary "
+                f"{module.weight.shape[0]}, hidden {module.weight.shape[1]})"
+            )
+        self.last_chunk_size = chunk_size
+        self._losses = chunked_head_losses(selected, module, targets, chunk_size, self.transform, smoothing)
         first_position = hidden[:, :1]
         self.forward_passes += 1
         if self.forward_passes & (self.forward_passes - 1) == 0:  # a power of two

@@ -257,7 +257,7 @@ class MinimaxTrainer(Trainer):
             )
 
     def _chunked_lm_loss(self) -> ChunkedNextTokenLoss | None:
-        if not (self.causal_lm and self.args.causal_lm_chunk_size):
+        if not self.causal_lm or self.args.causal_lm_chunk_size == 0:
             return None
         plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
         check_sharding(self.accelerator.distributed_type.value, getattr(plugin, "fsdp_version", None))
@@ -606,6 +606,8 @@ class MinimaxTrainer(Trainer):
                 self._write_task_metrics(sums, counts)
             logs.update(self._sampling_logs())
             logs.update(self.weighting.log_values())  # e.g. minimax_alpha
+            if self.lm_loss is not None and self.lm_loss.last_chunk_size is not None:
+                logs["causal_lm_chunk_size"] = self.lm_loss.last_chunk_size  # the last forward pass's
         super().log(logs, start_time)
 
     def _per_task_logs(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, float]:
