@@ -55,6 +55,7 @@ def test_gpu_check_dry_run_runs_every_part_and_records_the_sync_counts(tmp_path)
         "plain",
         "checkpointed16",
         "minimax-full",
+        "minimax-default",
         "minimax-chunk4",
         "minimax-chunk64",
     ]
