@@ -4,8 +4,9 @@ A decoder step's largest tensors are its ``[batch, seq, vocab]`` logits (in fp32
 gradient). :class:`ChunkedNextTokenLoss` hooks the model's output-embeddings module (``lm_head``, found generically
 with ``get_output_embeddings()``): during the model's own forward pass it takes the final hidden states at the target
 positions and computes each target's cross-entropy one slice of the vocabulary at a time (:func:`chunked_head_losses`),
-each slice's logits no larger than ``chunk_size`` targets' full logits; only one slice's logits exist at a time, in the
-forward pass and again in the backward pass, which recomputes them. The head itself then runs on the first position
+each slice's logits no larger than ``chunk_size`` targets' full logits (unset: :func:`default_chunk_size` of the
+shapes); only one slice's logits exist at a time, in the forward pass and again in the backward pass, which recomputes
+them and writes the head's gradient slice by slice in place. The head itself then runs on the first position
 only, and those logits (what the model returns) check, in forward passes 1, 2, 4, 8, ..., that the head's output is
 reproduced: ``nn.Linear`` followed by the logit scaling and soft-capping conventions of transformers' decoders
 (:class:`LogitTransform`), read on the host in the first pass only (later checks are device assertions, no host

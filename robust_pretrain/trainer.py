@@ -38,8 +38,8 @@ A causal LM (see :func:`is_causal_lm`) is trained on next-token targets, shifted
 (``labels`` padded with -100 and shifted left, or the batch's ``shift_labels``); token-level ``task_ids`` are shifted
 with the labels, so each target counts for the task of the predicted token. Its eval metrics add per-task perplexities.
 Its losses come from the final hidden states, in slices of the vocabulary no larger than ``causal_lm_chunk_size``
-targets' logits, without the full logits
-(:mod:`robust_pretrain.causal_lm_loss`).
+targets' logits (unset: from the shapes), without the full logits (:mod:`robust_pretrain.causal_lm_loss`). The
+training collator finds each batch's targets on the host (:class:`~robust_pretrain.task_losses.HostTargets`).
 
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``
 is refused (return ``task_losses`` from the model instead). In distributed evaluation the repeats the sampler adds to
