@@ -231,7 +231,10 @@ def main() -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{cli.name}.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=1))
+    command = " ".join(["python", "benchmarks/bench_causal_lm_memory.py", *sys.argv[1:]])
     lines = [
+        f"Command: `{command}`",
+        "",
         f"Setup: {json.dumps(setup)}",
         "",
         "| configuration | median step (s) | time vs plain Trainer | step peak memory (MB) | memory vs plain | "
