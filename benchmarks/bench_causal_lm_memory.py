@@ -7,7 +7,11 @@ same batches for every configuration:
   logits). Transformers 5.24 has no built-in option that cuts a training step's logits memory other than
   ``use_liger_kernel`` (a Triton kernel: it needs the ``liger-kernel`` package and a GPU); ``logits_to_keep`` only
   serves generation, where one position's logits are needed. So the plain Trainer as it is, is the baseline.
+* ``checkpointed<N>``: the plain Trainer with :class:`baselines.CheckpointedChunkedLossTrainer` (``lm_head`` on N
+  positions at a time under ``torch.utils.checkpoint``: the alternative a user writes), only with ``--configs``.
 * ``minimax-full``: ``MinimaxTrainer`` (weighting ``minimax``) with ``causal_lm_chunk_size=0``: the model's logits.
+* ``minimax-default``: ``MinimaxTrainer`` with ``causal_lm_chunk_size`` unset (from the shapes), only with
+  ``--configs``.
 * ``minimax-chunk<N>``: ``MinimaxTrainer`` with ``causal_lm_chunk_size=N``.
 * ``minimax-chunk128-reference``: the same with a same-size reference model (``--reference_model``, DoReMi's online
   excess), whose forward pass runs through the same sliced loss without gradient.
@@ -31,6 +35,9 @@ differ by less than 0.03, the smaller chunk (less memory).
     python benchmarks/bench_causal_lm_memory.py   # writes benchmarks/results/causal_lm_memory.{json,md}
     python benchmarks/bench_causal_lm_memory.py --batch-size 4 --hidden 128 --configs plain minimax-chunk128 \
         --name causal_lm_memory_b4_h128           # the default chunk size at 4x the targets
+    python benchmarks/bench_causal_lm_memory.py --vocab 128256 --hidden 256 --seq-len 256 --configs plain \
+        checkpointed128 checkpointed512 minimax-default minimax-chunk512 --rounds 5 --warmup 1 \
+        --name causal_lm_memory_v128k_h256        # vocabulary 128k, hidden 256: against the checkpointed loss
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import time
 from pathlib import Path
 
 import torch
+from baselines import CheckpointedChunkedLossTrainer
 from bench_trainer_step import prepare, step
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
@@ -54,7 +62,17 @@ from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 RESULTS = Path(__file__).with_name("results")
 DOMAINS = ["news", "code", "web"]
 CHUNK_SIZES = [128, 256, 512, 1024]
-CONFIGS = ["plain", "minimax-full", *(f"minimax-chunk{n}" for n in CHUNK_SIZES), "minimax-chunk128-reference"]
+CHECKPOINTED_CHUNKS = [128, 512]
+CONFIGS = [
+    "plain",
+    *(f"checkpointed{n}" for n in CHECKPOINTED_CHUNKS),
+    "minimax-full",
+    "minimax-default",
+    *(f"minimax-chunk{n}" for n in CHUNK_SIZES),
+    "minimax-chunk128-reference",
+]
+#: the configurations run when --configs is not given (the checkpointed and default ones came later)
+DEFAULT_CONFIGS = ["plain", "minimax-full", *(f"minimax-chunk{n}" for n in CHUNK_SIZES), "minimax-chunk128-reference"]
 REFERENCE = "-reference"  # a configuration with a same-size reference model (--reference_model, the online excess)
 MMAP_THRESHOLD = 65536
 
@@ -96,11 +114,16 @@ def make_trainer(config: str, out: str, cli: argparse.Namespace) -> Trainer:
     )
     if config == "plain":
         return Trainer(model=model, args=TrainingArguments(**common))
-    chunk = 0 if config == "minimax-full" else int(config.removeprefix("minimax-chunk").removesuffix(REFERENCE))
+    if config.startswith("checkpointed"):
+        chunk = int(config.removeprefix("checkpointed"))
+        return CheckpointedChunkedLossTrainer(model=model, args=TrainingArguments(**common), chunk=chunk)
     reference = dict(loss_normalization="excess", reference_model=f"{out}/reference") if REFERENCE in config else {}
-    args = MinimaxTrainingArguments(
-        **common, task_names=DOMAINS, weighting="minimax", causal_lm_chunk_size=chunk, **reference
-    )
+    if config == "minimax-default":  # causal_lm_chunk_size unset: from the shapes
+        chunking = {}
+    else:
+        chunk = 0 if config == "minimax-full" else int(config.removeprefix("minimax-chunk").removesuffix(REFERENCE))
+        chunking = {"causal_lm_chunk_size": chunk}
+    args = MinimaxTrainingArguments(**common, task_names=DOMAINS, weighting="minimax", **chunking, **reference)
     return MinimaxTrainer(model=model, args=args)
 
 
@@ -114,7 +137,7 @@ def time_interleaved(configs: list[str], cli: argparse.Namespace) -> dict[str, l
         for i, batch in enumerate(batches):
             for config in configs if i % 2 == 0 else configs[::-1]:
                 start = time.perf_counter()
-                step(trainers[config], [batch], config == "plain")
+                step(trainers[config], [batch], not config.startswith("minimax"))
                 if i >= cli.warmup:
                     times[config].append(time.perf_counter() - start)
             print(f"round {i}: " + ", ".join(f"{c} {times[c][-1]:.2f}s" for c in configs if times[c]), flush=True)
@@ -132,7 +155,7 @@ def measure_step_memory_here(config: str, cli: argparse.Namespace) -> dict[str, 
         trainer = make_trainer(config, out, cli)
         prepare(trainer)
         warmup, *measured = make_batches(3, cli)
-        step(trainer, [warmup], config == "plain")
+        step(trainer, [warmup], not config.startswith("minimax"))
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             baseline = torch.cuda.memory_allocated() / 2**20
@@ -140,7 +163,7 @@ def measure_step_memory_here(config: str, cli: argparse.Namespace) -> dict[str, 
             baseline = proc_status_mb("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
         for batch in measured:
-            step(trainer, [batch], config == "plain")
+            step(trainer, [batch], not config.startswith("minimax"))
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else proc_status_mb("VmHWM")
     return {"baseline_mb": baseline, "peak_mb": peak, "step_peak_mb": peak - baseline}
 
@@ -167,7 +190,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="timed steps per configuration (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory-repeats", type=int, default=1, help="processes per configuration (median)")
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=CONFIGS)
     parser.add_argument("--name", default="causal_lm_memory", help="results file name, without extension")
     parser.add_argument("--memory-of", choices=CONFIGS, help=argparse.SUPPRESS)
     cli = parser.parse_args()
@@ -208,7 +231,10 @@ def main() -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{cli.name}.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=1))
+    command = " ".join(["python", "benchmarks/bench_causal_lm_memory.py", *sys.argv[1:]])
     lines = [
+        f"Command: `{command}`",
+        "",
         f"Setup: {json.dumps(setup)}",
         "",
         "| configuration | median step (s) | time vs plain Trainer | step peak memory (MB) | memory vs plain | "

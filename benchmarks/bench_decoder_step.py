@@ -9,6 +9,7 @@ how the loss is computed:
 * ``checkpointed<N>``: the plain Trainer with :class:`baselines.CheckpointedChunkedLossTrainer` (``lm_head`` on N
   positions at a time under ``torch.utils.checkpoint``);
 * ``minimax-full``: ``MinimaxTrainer`` (weighting ``minimax``, 3 domains) with ``causal_lm_chunk_size=0``;
+* ``minimax-default``: ``MinimaxTrainer`` with ``causal_lm_chunk_size`` unset (from the shapes: Liger's rule);
 * ``minimax-chunk<N>``: ``MinimaxTrainer`` with ``causal_lm_chunk_size=N``.
 
 Each round runs one step (``get_batch_samples`` + ``training_step`` + ``optimizer.step``, as the Trainer's loop does)
@@ -81,7 +82,7 @@ def llama(cli: argparse.Namespace) -> LlamaForCausalLM:
 
 def configs(cli: argparse.Namespace) -> list[str]:
     chunks = [f"minimax-chunk{n}" for n in cli.chunk_sizes]
-    return ["plain", f"checkpointed{cli.checkpointed_chunk}", "minimax-full", *chunks]
+    return ["plain", f"checkpointed{cli.checkpointed_chunk}", "minimax-full", "minimax-default", *chunks]
 
 
 def make_trainers(model: LlamaForCausalLM, cli: argparse.Namespace, out: str) -> dict[str, Trainer]:
@@ -104,7 +105,8 @@ def make_trainers(model: LlamaForCausalLM, cli: argparse.Namespace, out: str) ->
                 model=model, args=args, optimizers=(optimizer, None), chunk=chunk
             )
         else:
-            chunk = 0 if config == "minimax-full" else int(config.removeprefix("minimax-chunk"))
+            named = {"minimax-full": 0, "minimax-default": None}  # None: causal_lm_chunk_size unset
+            chunk = named[config] if config in named else int(config.removeprefix("minimax-chunk"))
             args = MinimaxTrainingArguments(
                 **common, task_names=DOMAINS, weighting="minimax", causal_lm_chunk_size=chunk
             )

@@ -17,7 +17,8 @@ Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and w
 4. ``sync_count``: one optimizer step (accumulation 2) of the plain sparse-head Trainer and of MinimaxTrainer
    (minimax, proportional) on a tiny BERT, and of the plain Trainer and MinimaxTrainer (minimax, chunked loss) on a
    tiny Llama, counted by ``tests/sync_counting.py`` (device-syncing aten ops and host transfers of device tensors)
-   and, on CUDA, by ``torch.cuda``'s sync debug mode (the syncs the driver actually performed).
+   and, on CUDA, by ``torch.cuda``'s sync debug mode (the syncs the driver actually performed). Budget (tested on
+   the CPU count): MinimaxTrainer's step within the plain one's + 2, the two host transfers of the weighting.
 5. ``step_benchmark``: ``bench_trainer_step.py``'s interleaved step timing, plain full-logits and plain sparse-head
    Trainers against MinimaxTrainer (minimax, proportional, average), in fp32 (TF32 where the image's cuBLAS allows
    it: the report's ``fp32_matmuls_in_tf32``), with peak CUDA memory and model-FLOP utilisation against the dense bf16

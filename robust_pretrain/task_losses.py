@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,15 +25,25 @@ def refuse_on_device(bad: torch.Tensor, message: str) -> None:
 
 class TaskTargets:
     """The targets of one micro-batch and their tasks, computed once and shared by the counting, the forward pass and
-    the per-task reduction, with one device->host synchronisation (:attr:`positions`, the targets' number).
+    the per-task reduction.
 
     ``task_ids`` is either token-level (same shape as ``labels``) or example-level (shape ``[batch]``, broadcast over
     the remaining label dimensions). A target is an element whose task id is ``>= 0`` and, for integer labels, whose
     label is not ``-100``. Task ids ``>= num_tasks``, and negative ids other than ``-100`` on a labelled element,
     fail a device check (:func:`refuse_on_device`: a ``ValueError`` at once on the CPU, asynchronous elsewhere).
+
+    ``found``: the targets' flat positions and task ids, found (and checked) on the host before the batch was copied
+    to the device (:class:`HostTargets`); without them :attr:`positions` costs one device->host synchronisation (the
+    number of targets sets the shapes), as for any sparse-prediction head.
     """
 
-    def __init__(self, labels: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> None:
+    def __init__(
+        self,
+        labels: torch.Tensor,
+        task_ids: torch.Tensor,
+        num_tasks: int,
+        found: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         if task_ids.shape != labels.shape:
             if task_ids.dim() != 1 or task_ids.shape[0] != labels.shape[0]:
                 raise ValueError(
@@ -42,6 +54,12 @@ class TaskTargets:
         mask = task_ids >= 0
         if not labels.is_floating_point():
             mask &= labels != IGNORE_INDEX
+        self.labels = labels
+        self.mask = mask
+        self.num_tasks = num_tasks
+        if found is not None:
+            self.positions, self.ids = found
+            return
         refuse_on_device(
             (mask & (task_ids >= num_tasks)).any(), f"task_ids: a target's task id is >= the {num_tasks} tasks"
         )
@@ -51,21 +69,19 @@ class TaskTargets:
             f"task_ids: a labelled element has a negative task id other than {IGNORE_INDEX} (ids are 0..{num_tasks - 1}"
             f", or {IGNORE_INDEX} for no target)",
         )
-        self.labels = labels
-        self.mask = mask
-        self.num_tasks = num_tasks
         #: each element's task id, ``num_tasks`` for non-targets (an extra bucket, dropped from the counts)
         self.buckets = torch.where(mask, task_ids, num_tasks).flatten()
 
     def counts(self) -> torch.Tensor:
         """Targets per task, ``[num_tasks]`` float, counted on the labels' device (no sync)."""
-        ones = torch.ones_like(self.buckets, dtype=torch.float32)
-        return ones.new_zeros(self.num_tasks + 1).index_add_(0, self.buckets, ones)[: self.num_tasks]
+        buckets = self.ids if "ids" in vars(self) else self.buckets
+        ones = torch.ones_like(buckets, dtype=torch.float32)
+        return ones.new_zeros(self.num_tasks + 1).index_add_(0, buckets, ones)[: self.num_tasks]
 
     @functools.cached_property
     def positions(self) -> torch.Tensor:
-        """Flat indices of the targets (row-major, the order of ``labels[mask]``): the step's one sync per
-        micro-batch, as for any sparse-prediction head (the number of targets sets the shapes)."""
+        """Flat indices of the targets (row-major, the order of ``labels[mask]``): unless ``found`` on the host, one
+        sync per micro-batch, as for any sparse-prediction head (the number of targets sets the shapes)."""
         return self.mask.flatten().nonzero().squeeze(1)
 
     @functools.cached_property
@@ -78,6 +94,46 @@ class TaskTargets:
         boolean mask (an index gather, whose backward is a scatter-add)."""
         trailing = values.shape[self.mask.dim() :]
         return values.reshape(-1, *trailing).index_select(0, self.positions)
+
+
+#: the batch columns :class:`HostTargets` adds (the targets' flat positions and task ids); never passed to the model
+HOST_TARGET_COLUMNS = ("host_target_positions", "host_target_task_ids")
+
+
+@dataclass
+class HostTargets:
+    """A data collator that also finds each batch's targets on the host, where the collator runs (CPU, possibly in a
+    ``DataLoader`` worker), before the batch is copied to the device: ``MinimaxTrainer`` wraps its training data
+    collator with it, so a micro-batch's targets cost no device->host synchronisation.
+
+    A batch with tensor ``labels`` and ``task_ids`` (and, for ``next_token``, optional ``shift_labels``) on the CPU gets
+    the :data:`HOST_TARGET_COLUMNS`: the flat positions and task ids of its targets as :class:`TaskTargets` finds
+    them (next-token targets, :func:`next_token_targets`, for a causal LM); bad task ids fail here, with
+    ``ValueError``. Other batches pass unchanged. ``enabled`` false: every batch passes unchanged (for a data loader
+    that splits batches by rows after collation, which would split these columns wrongly).
+    """
+
+    collator: Callable[[list[Any]], Any]
+    num_tasks: int
+    next_token: bool
+    enabled: bool = True
+
+    def __call__(self, features: list[Any]) -> Any:
+        batch = self.collator(features)
+        if not (self.enabled and isinstance(batch, MutableMapping)):
+            return batch
+        labels, task_ids = batch.get("labels"), batch.get("task_ids")
+        shift_labels = batch.get("shift_labels")
+        given = [labels, task_ids] + ([] if shift_labels is None else [shift_labels])
+        if not all(torch.is_tensor(t) and t.device.type == "cpu" for t in given):
+            return batch
+        if self.next_token:
+            labels, task_ids = next_token_targets(labels, task_ids, shift_labels)
+        elif shift_labels is not None:
+            return batch  # refused by the trainer: only a causal LM uses shift_labels
+        targets = TaskTargets(labels, task_ids, self.num_tasks)
+        batch[HOST_TARGET_COLUMNS[0]], batch[HOST_TARGET_COLUMNS[1]] = targets.positions, targets.ids
+        return batch
 
 
 def next_token_targets(

@@ -38,8 +38,8 @@ A causal LM (see :func:`is_causal_lm`) is trained on next-token targets, shifted
 (``labels`` padded with -100 and shifted left, or the batch's ``shift_labels``); token-level ``task_ids`` are shifted
 with the labels, so each target counts for the task of the predicted token. Its eval metrics add per-task perplexities.
 Its losses come from the final hidden states, in slices of the vocabulary no larger than ``causal_lm_chunk_size``
-targets' logits, without the full logits
-(:mod:`robust_pretrain.causal_lm_loss`).
+targets' logits (unset: from the shapes), without the full logits (:mod:`robust_pretrain.causal_lm_loss`). The
+training collator finds each batch's targets on the host (:class:`~robust_pretrain.task_losses.HostTargets`).
 
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``
 is refused (return ``task_losses`` from the model instead). In distributed evaluation the repeats the sampler adds to
@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 import transformers
+from accelerate.data_loader import DataLoaderDispatcher
 from accelerate.utils import DistributedType, extract_model_from_parallel
 from transformers import Trainer, TrainerCallback
 from transformers.integrations import TensorBoardCallback
@@ -73,7 +74,16 @@ from transformers.utils import logging
 from .causal_lm_loss import ChunkedNextTokenLoss, check_sharding
 from .reference import ReferenceModel
 from .seeding import SetEpochCallback
-from .task_losses import TargetPositionsHead, TaskTargets, next_token_targets, per_target_losses, reduce_by_task
+from .task_losses import (
+    HOST_TARGET_COLUMNS,
+    HostTargets,
+    TargetPositionsHead,
+    TaskTargets,
+    next_token_targets,
+    per_target_losses,
+    reduce_by_task,
+)
+from .task_metrics import TASK_METRICS_NAME, merge_task_metrics, truncate_task_metrics
 from .task_sampling import ImportanceWeighting, TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
 from .training_args import MinimaxTrainingArguments
 from .weighting import Weighting
@@ -81,7 +91,6 @@ from .weighting import Weighting
 logger = logging.get_logger(__name__)
 
 WEIGHTING_STATE_NAME = "weighting_state.json"
-TASK_METRICS_NAME = "task_metrics.jsonl"  # per-task training logs when T > max_logged_tasks
 #: how long the exit handler releases the GIL for the process group's threads to finish their last work
 WORKER_DRAIN_SECONDS = 0.2
 #: batch columns kept whatever the model's ``forward`` accepts (``labels`` go with ``task_ids``, never to the model)
@@ -248,7 +257,7 @@ class MinimaxTrainer(Trainer):
             )
 
     def _chunked_lm_loss(self) -> ChunkedNextTokenLoss | None:
-        if not (self.causal_lm and self.args.causal_lm_chunk_size):
+        if not self.causal_lm or self.args.causal_lm_chunk_size == 0:
             return None
         plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
         check_sharding(self.accelerator.distributed_type.value, getattr(plugin, "fsdp_version", None))
@@ -263,15 +272,29 @@ class MinimaxTrainer(Trainer):
         super()._set_signature_columns_if_needed()
         self._signature_columns += [c for c in TASK_COLUMNS if c not in self._signature_columns]
 
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's, its collator wrapped in :class:`~robust_pretrain.task_losses.HostTargets`: each batch's
+        targets are found on the host, before the batch is copied to the device (not where Accelerate dispatches
+        batches, splitting them by rows after collation)."""
+        collator = self.data_collator
+        self.data_collator = host_targets = HostTargets(collator, self.num_tasks, self.causal_lm)
+        try:
+            dataloader = super().get_train_dataloader()
+        finally:
+            self.data_collator = collator
+        host_targets.enabled = not isinstance(dataloader, DataLoaderDispatcher)
+        return dataloader
+
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device) -> tuple[list, Any]:
-        """Prefetch the step's micro-batches (as the Trainer does), find each one's targets once (reused by
-        :meth:`compute_loss`) and count each task's targets over all processes, all on the device (no host sync)."""
+        """Prefetch the step's micro-batches (as the Trainer does), take each one's targets (found on the host by the
+        collator, else on the device: one sync), reused by :meth:`compute_loss`, and count each task's targets over
+        all processes on the device."""
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         counts = torch.zeros(self.num_tasks, device=device)
         with_ids = [b for b in batch_samples if "task_ids" in b and "labels" in b]
         self._batch_targets = {}
         for batch in with_ids:
-            targets = TaskTargets(*self._targets(batch), self.num_tasks)
+            targets = self._new_targets(batch)
             self._batch_targets[id(batch["labels"])] = (batch["labels"], targets)
             counts += targets.counts().to(device)
         self._step_counts = self._all_reduce(counts) if with_ids else None
@@ -281,9 +304,12 @@ class MinimaxTrainer(Trainer):
     def _task_targets(self, batch: dict[str, Any]) -> TaskTargets:
         """The batch's targets: those :meth:`get_batch_samples` found for this very ``labels`` tensor, else new."""
         labels, targets = self._batch_targets.get(id(batch["labels"]), (None, None))
-        if labels is batch["labels"]:
-            return targets
-        return TaskTargets(*self._targets(batch), self.num_tasks)
+        return targets if labels is batch["labels"] else self._new_targets(batch)
+
+    def _new_targets(self, batch: dict[str, Any]) -> TaskTargets:
+        """The batch's targets, from the positions and task ids found on the host where the batch has them."""
+        found = tuple(batch[c] for c in HOST_TARGET_COLUMNS) if HOST_TARGET_COLUMNS[0] in batch else None
+        return TaskTargets(*self._targets(batch), self.num_tasks, found)
 
     # ---------------------------------------------------------------------------------------------------- loss
     def compute_loss(
@@ -358,7 +384,7 @@ class MinimaxTrainer(Trainer):
             raise ValueError("batch has `task_ids` but no `labels`")
         targets = self._task_targets({**inputs, "task_ids": task_ids})
         labels = targets.labels
-        for column in ("labels", "shift_labels"):  # targets never go to the model
+        for column in ("labels", "shift_labels", *HOST_TARGET_COLUMNS):  # targets never go to the model
             inputs.pop(column, None)
         head = self.reference.head if reference else self.mlm_head
         sparse = (
@@ -460,7 +486,7 @@ class MinimaxTrainer(Trainer):
                 .detach()
                 .cpu()
             )
-            self._device_rule_weights = self._rule_weights.to(sums.device)
+            self._device_rule_weights = self._rule_weights.to(sums.device, non_blocking=True)
             if per_micro_batch:  # effective weight: w_t / GA for each micro-batch where task t is present
                 self.step_weights = self._rule_weights * host_present / self.current_gradient_accumulation_steps
             else:
@@ -580,6 +606,8 @@ class MinimaxTrainer(Trainer):
                 self._write_task_metrics(sums, counts)
             logs.update(self._sampling_logs())
             logs.update(self.weighting.log_values())  # e.g. minimax_alpha
+            if self.lm_loss is not None and self.lm_loss.last_chunk_size is not None:
+                logs["causal_lm_chunk_size"] = self.lm_loss.last_chunk_size  # the last forward pass's
         super().log(logs, start_time)
 
     def _per_task_logs(self, sums: torch.Tensor, counts: torch.Tensor) -> dict[str, float]:
@@ -633,21 +661,7 @@ class MinimaxTrainer(Trainer):
         history = self.state.log_history
         if not os.path.isfile(path) or any(f"task_weight/{self.task_names[0]}" in entry for entry in history):
             return history
-        per_step: dict[int, dict[str, float]] = {}
-        with open(path) as stream:
-            for line in stream:
-                entry = json.loads(line)
-                if "step" not in entry:  # the header line of task names
-                    continue
-                values = {f"task_weight/{n}": w for n, w in zip(self.task_names, entry["task_weight"], strict=True)}
-                values.update(
-                    (f"task_loss/{name}", loss)
-                    for name, loss in zip(self.task_names, entry["task_loss"], strict=True)
-                    if loss is not None
-                )
-                per_step[entry["step"]] = values
-        merged = [{**entry, **per_step.pop(entry["step"], {})} if "step" in entry else entry for entry in history]
-        return merged + [{"step": step, **values} for step, values in sorted(per_step.items())]
+        return merge_task_metrics(history, path, self.task_names)
 
     def _write_task_metrics(self, sums: torch.Tensor, counts: torch.Tensor) -> None:
         """Append ``{"step", "task_loss", "task_weight"}`` to ``task_metrics.jsonl`` in ``output_dir`` (main process
@@ -798,29 +812,6 @@ def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         time.sleep(WORKER_DRAIN_SECONDS)
-
-
-def truncate_task_metrics(path: str, last_step: int) -> None:
-    """Keep the lines of ``task_metrics.jsonl`` up to ``last_step`` (a resumed run's checkpoint step), dropping later
-    ones and any torn line, in one atomic replace; a new run (``last_step`` 0) removes the file."""
-    if not os.path.isfile(path):
-        return
-    if last_step <= 0:
-        os.remove(path)
-        return
-    kept = []
-    with open(path) as stream:
-        for line in stream:
-            try:
-                entry = json.loads(line)
-                if entry.get("step", 0) <= last_step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, AttributeError, TypeError):
-                continue
-    temporary = f"{path}.tmp"
-    with open(temporary, "w") as stream:
-        stream.writelines(kept)
-    os.replace(temporary, path)
 
 
 class _LogLastStepCallback(TrainerCallback):

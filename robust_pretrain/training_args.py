@@ -104,11 +104,12 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         default=True,
         metadata={"help": "Compute vocabulary logits only at target positions when the model has an MLM head."},
     )
-    causal_lm_chunk_size: int = option(
-        128,
+    causal_lm_chunk_size: int | None = option(
+        None,
         "Causal LMs: compute the next-token losses from the final hidden states one slice of the vocabulary at a "
         "time, each slice's logits no larger than this many targets' full logits (recomputed in the backward pass) "
-        "instead of [batch, seq, vocab]; "
+        "instead of [batch, seq, vocab]; unset: from the shapes, next_pow2(ceil(targets / ceil(vocab / hidden))) "
+        "clamped to 128..8192 (Liger kernel's rule: a slice's logits about the size of the hidden states), logged; "
         "0 keeps the model's full logits.",
         minimum=0,
     )

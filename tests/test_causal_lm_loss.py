@@ -27,6 +27,7 @@ from tiny_causal_lm import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import (
     CohereConfig,
     CohereForCausalLM,
@@ -41,7 +42,7 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from robust_pretrain import MinimaxTrainer
-from robust_pretrain.causal_lm_loss import LogitTransform, chunked_head_losses
+from robust_pretrain.causal_lm_loss import CHUNK_RANGE, LogitTransform, chunked_head_losses, default_chunk_size
 
 N, HIDDEN, VOCAB = 13, 8, 11
 CAPPED = LogitTransform(scale=0.5, softcap=2.0)
@@ -395,3 +396,61 @@ def test_the_reference_model_runs_through_the_chunked_loss(tmp_path):
         lengths[chunk] = seen[0].logits.shape[1]
     assert lengths == {0: 16, 4: 1}
     torch.testing.assert_close(sums[4], sums[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("targets", "vocab", "hidden", "expected"),
+    [
+        (8192, 128_256, 2048, 256),  # Llama-3 head, 4 x 2,048 tokens: ceil(8192 / 63) = 131 -> 256
+        (8192, 128_256, 1024, 128),  # ceil(8192 / 126) = 66 -> 128
+        (16384, 50_257, 4096, 2048),  # ceil(16384 / 13) = 1261 -> 2048
+        (1024, 32_000, 64, 128),  # ceil(1024 / 500) = 3 -> 4, raised to the floor
+        (65536, 32_000, 4096, 8192),  # ceil(65536 / 8) = 8192
+        (131072, 32_000, 4096, 8192),  # 16384, lowered to the ceiling
+        (100, 128, 32, 128),  # the tiny test decoders: ceil(100 / 4) = 25 -> 32, raised to the floor
+    ],
+)
+def test_the_default_chunk_size_follows_the_shapes(targets, vocab, hidden, expected):
+    assert default_chunk_size(targets, vocab, hidden) == expected
+    assert CHUNK_RANGE[0] <= expected <= CHUNK_RANGE[1] and expected & (expected - 1) == 0
+
+
+@pytest.mark.parametrize("option", [None, 4])
+def test_unset_the_chunk_size_comes_from_the_shapes_and_an_explicit_one_wins(tmp_path, option):
+    """Unset, each forward pass takes :func:`default_chunk_size` of its targets and head, logged with the losses;
+    an explicit ``causal_lm_chunk_size`` is used as given."""
+    examples = domain_examples(8)
+    targets = int((examples["labels"][:, 1:] != -100).sum())
+    chunking = {} if option is None else {"causal_lm_chunk_size": option}
+    trainer = MinimaxTrainer(
+        model=tiny_llama(), args=make_args(str(tmp_path), **chunking), train_dataset=as_dataset(examples)
+    )
+    trainer.train()
+    expected = option or default_chunk_size(targets, LLAMA_STYLE_SIZE["vocab_size"], LLAMA_STYLE_SIZE["hidden_size"])
+    assert trainer.lm_loss.chunk_size == option and trainer.lm_loss.last_chunk_size == expected
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert logged["causal_lm_chunk_size"] == expected
+
+
+def test_the_backward_writes_the_gradients_in_place_without_product_temporaries():
+    """fp32: each slice's ``grad_weight`` rows are written by ``mm`` into the gradient itself and the hidden states'
+    gradient accumulated by ``addmm_``: no functional matrix product (a ``[width, hidden]`` or ``[targets, hidden]``
+    temporary per slice) runs in the backward pass; the values are checked against the full logits above."""
+    torch.manual_seed(3)
+    hidden = torch.randn(N, HIDDEN, requires_grad=True)
+    head, targets = torch.nn.Linear(HIDDEN, VOCAB), torch.randint(0, VOCAB, (N,))
+    losses = chunked_head_losses(hidden, head, targets, 2)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        losses.sum().backward()
+    assert "aten.mm.out" in ops.names and "aten.addmm_.default" in ops.names
+    assert "aten.mm.default" not in ops.names, ops.names
