@@ -71,7 +71,7 @@ from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
 from .causal_lm_loss import ChunkedNextTokenLoss, check_sharding
-from .reference import ReferenceModel
+from .reference import ReferenceModel, ShardReferenceCallback
 from .seeding import SetEpochCallback
 from .task_losses import TargetPositionsHead, TaskTargets, next_token_targets, per_target_losses, reduce_by_task
 from .task_sampling import ImportanceWeighting, TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
@@ -138,11 +138,9 @@ class MinimaxTrainer(Trainer):
         #: a causal LM's per-target losses computed chunk by chunk from its hidden states (``causal_lm_chunk_size``)
         self.lm_loss = self._chunked_lm_loss()
         #: the frozen model of ``reference_model`` (online excess loss), run on each step's first micro-batch
-        self.reference = (
-            ReferenceModel.load(self.args.reference_model, self.model, self.args.device, sparse_head)
-            if self.args.reference_model is not None
-            else None
-        )
+        self.reference = ReferenceModel.of_trainer(self.args, self.model, self.accelerator, sparse_head)
+        if self.reference is not None:  # under FSDP2, sharded like the model once training has sharded it
+            self.add_callback(ShardReferenceCallback(self.reference, self.accelerator))
         #: the reference model's per-target losses by the same chunked path (its full logits never exist)
         self.reference_lm_loss = (
             ChunkedNextTokenLoss.attach(self.reference.model, self.args.causal_lm_chunk_size)
