@@ -299,16 +299,16 @@ class MinimaxTrainer(Trainer):
             self._train_sums += torch.cat([sums.detach(), counts]).to(self._train_sums.device)
         else:
             unique = self._unique_rows(inputs)
-            if unique is not None:  # the batch ends with repeats that complete the last distributed batch
-                sums, counts = (
-                    self._task_sums(model, first_rows(inputs, unique))[:2] if unique else (sums * 0, counts * 0)
-                )
+            if unique is not None:  # repeats end some process's batch: all run again (a sharded forward is collective)
+                rerun = self._task_sums(model, first_rows(inputs, max(unique, 1)))[:2]  # its unique rows, at least one
+                sums, counts = rerun if unique else (rerun[0] * 0, rerun[1] * 0)
             self._eval_sums += torch.cat([sums.detach(), counts]).cpu()
             loss = sums.sum() / counts.sum().clamp_min(1)
         return (loss, outputs) if return_outputs else loss
 
     def _unique_rows(self, inputs: dict[str, Any]) -> int | None:
-        """How many leading rows of this eval batch are not repeats added by the distributed sampler (None: all).
+        """How many leading rows of this eval batch are not repeats added by the distributed sampler (None: no
+        process's batch has any, so none runs its forward pass again).
 
         Uses ``gather_for_metrics``, which drops exactly those repeats from the gathered rows of the last batch.
         """
@@ -317,8 +317,7 @@ class MinimaxTrainer(Trainer):
         size = batch_size(inputs)
         rank = self.accelerator.process_index
         owners = self.accelerator.gather_for_metrics(torch.full((size,), rank, device=self.args.device))
-        unique = int((owners == rank).sum())
-        return None if unique == size else unique
+        return None if owners.numel() == size * self.accelerator.num_processes else int((owners == rank).sum())
 
     def _reference_sums(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The reference model's per-task loss sums on this micro-batch's targets (no gradient); with
