@@ -264,7 +264,8 @@ class ReferenceModel:
         (no full copy on the device)."""
         if args.reference_model is None:
             return None
-        return cls.load(args.reference_model, like, "cpu" if accelerator.is_fsdp2 else args.device, sparse_head)
+        device = "cpu" if getattr(accelerator, "is_fsdp2", False) else args.device
+        return cls.load(args.reference_model, like, device, sparse_head)
 
     def forward_context(self, mask: torch.Tensor | None) -> Any:
         """Where to run the reference forward pass: its head restricted to ``mask``'s rows when sparse."""

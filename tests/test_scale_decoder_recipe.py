@@ -1,8 +1,8 @@
 """docs/scaling.md's decoder recipe (``accelerate launch``, FSDP2, domains from a column), run as the page writes it.
 
-The page's two blocks marked ``# scaling-recipe: <name>`` (the Accelerate config file and the launch line) are read
-from the page, the config gets 1 machine x 2 CPU processes, and the launch line runs with its variables set for one
-node and a tiny model appended. Accelerate runs an FSDP config as DDP on the CPU, so the launched processes get
+The page's two blocks marked ``<!-- scaling-recipe: <name> ... -->`` (the Accelerate config file and the launch line)
+are read from the page, the config gets 1 machine x 2 CPU processes, and the launch line runs with its variables set
+for one node and a tiny model appended. Accelerate runs an FSDP config as DDP on the CPU, so the launched processes get
 ``tests/fsdp2_on_cpu/sitecustomize.py``, which switches the trainer to Accelerate's FSDP2 path with the plugin the
 launcher built from the page's config, and records how the model was sharded.
 """
@@ -32,8 +32,8 @@ TINY = (
 
 
 def recipe_blocks() -> dict[str, str]:
-    """The page's fenced blocks whose first line is ``# scaling-recipe: <name>``, by name."""
-    found = re.findall(r"```\w*\n# scaling-recipe: (\S+)\n(.*?)```", PAGE.read_text(), flags=re.S)
+    """The page's fenced blocks right after ``<!-- scaling-recipe: <name> ... -->``, by name."""
+    found = re.findall(r"<!-- scaling-recipe: (\S+)\b.*?-->\n```\w*\n(.*?)```", PAGE.read_text(), flags=re.S)
     return {name: body for name, body in found}
 
 
