@@ -99,6 +99,7 @@ def test_the_decoder_recipe_shards_with_fsdp2_logs_per_domain_losses_and_resumes
         sharding = json.loads((record / f"fsdp2-rank{rank}-0.json").read_text())
         assert (sharding["distributed_type"], sharding["wrapped_model"]) == ("FSDP", "FSDPLlamaForCausalLM")
         assert sharding["dtensor_parameters"] and sharding["chunked_forward_passes"] > 0
+        assert sharding["mixed_precision"] == "bf16"  # the config's, as written
         assert abs(sharding["local_parameters"] - sharding["parameters"] / 2) <= 0.01 * sharding["parameters"]
     state = json.loads((run_dir / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry]

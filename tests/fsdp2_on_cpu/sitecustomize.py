@@ -6,8 +6,8 @@ set, ``ACCELERATE_USE_FSDP=true``) switches each ``MinimaxTrainer``, once built,
 plugin that the launcher's ``FSDP_*`` variables describe (the config file's ``fsdp_config``), as
 ``tests/tiny_training.py``'s ``force_fsdp2`` does, so ``Trainer.train`` shards the model with Accelerate's own
 ``fsdp2_prepare_model`` and writes sharded checkpoints. Each process records in ``$FSDP2_ON_CPU_RECORD``
-``fsdp2-rank<r>-<n>.json`` (``n``: the n-th training of that folder) how the model was prepared: its class, whether
-every parameter is a DTensor shard, the parameters it holds, and the chunked loss's forward passes.
+``fsdp2-rank<r>-<n>.json`` (``n``: the n-th training of that folder) how the model was prepared: its class, the mixed
+precision, whether every parameter is a DTensor shard, the parameters it holds, and the chunked loss's forward passes.
 """
 
 import json
@@ -32,6 +32,7 @@ if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and "LOCAL_RANK" 
             parameters = list(model.parameters())
             self.record = {
                 "distributed_type": self.trainer.accelerator.distributed_type.value,
+                "mixed_precision": self.trainer.accelerator.mixed_precision,
                 "wrapped_model": type(model).__name__,
                 "dtensor_parameters": all(isinstance(p, DTensor) for p in parameters),
                 "parameters": sum(p.numel() for p in parameters),
