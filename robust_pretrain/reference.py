@@ -6,7 +6,8 @@ Two sources, both declared on :class:`~robust_pretrain.training_args.MinimaxTrai
   ``task_report.json`` (typically the same recipe trained with ``proportional``).
 * ``--reference_model PATH`` (online, DoReMi's form): a frozen model (no gradient, eval mode, the target-only MLM head
   where the trained model has one) runs on the step's first micro-batch; its per-task losses on the same targets are
-  the step's reference, pooled over processes with the trained model's own losses (no extra collective).
+  the step's reference, pooled over processes with the trained model's own losses (no extra collective). Under FSDP2
+  it is sharded like the trained model (:class:`ShardReferenceCallback`).
 
 Every recipe records its :class:`Provenance` (tasks, tokenizer, training and held-out data, model size) in
 ``task_report.json``; whatever a run takes from an earlier run (``--reference_run``, the decoder's ``--domain_weights``)
@@ -25,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import TrainerCallback
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.task_losses import TargetPositionsHead
@@ -253,9 +257,59 @@ class ReferenceModel:
             raise UsageError(f"--reference_model {path}: " + "; ".join(problems))
         return cls(model, device, sparse_head)
 
+    @classmethod
+    def of_trainer(cls, args: Any, like: torch.nn.Module, accelerator: Any, sparse_head: bool) -> ReferenceModel | None:
+        """The ``reference_model`` of the training arguments ``args`` (None without one), :meth:`load`-ed onto their
+        device; under Accelerate's FSDP2 onto the CPU, from where :meth:`shard_like` moves the shards to the device
+        (no full copy on the device)."""
+        if args.reference_model is None:
+            return None
+        device = "cpu" if getattr(accelerator, "is_fsdp2", False) else args.device
+        return cls.load(args.reference_model, like, device, sparse_head)
+
     def forward_context(self, mask: torch.Tensor | None) -> Any:
         """Where to run the reference forward pass: its head restricted to ``mask``'s rows when sparse."""
         return self.head.select(mask) if self.head is not None and mask is not None else nullcontext()
+
+    def shard_like(
+        self,
+        model: torch.nn.Module,
+        layer_classes: Collection[str],
+        mp_policy: MixedPrecisionPolicy | None = None,
+        offload_policy: OffloadPolicy | None = None,
+    ) -> None:
+        """Shard the reference as FSDP2 shards the trained ``model``: ``fully_shard`` of each module whose class is
+        one of ``layer_classes`` (the decoder layers), then of the rest as the root, on the device mesh of ``model``'s
+        DTensor parameters, with the same mixed-precision and offload policies. Every unit reshards after its forward
+        pass (no backward pass follows), so outside it each process holds its shard only. Done once; a ``ValueError``
+        when ``model`` holds no DTensor parameter (it is not sharded)."""
+        if isinstance(self.model, FSDPModule):
+            return
+        mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+        if mesh is None:
+            raise ValueError(f"{type(model).__name__} holds no DTensor parameter: it is not sharded by FSDP2")
+        options = {"mesh": mesh, "reshard_after_forward": True, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+        options["offload_policy"] = offload_policy or OffloadPolicy()
+        for layer in [module for module in self.model.modules() if type(module).__name__ in set(layer_classes)]:
+            fully_shard(layer, **options)
+        fully_shard(self.model, **options)
+
+
+class ShardReferenceCallback(TrainerCallback):
+    """Under Accelerate's FSDP2, shards the reference model like the trained one (:meth:`ReferenceModel.shard_like`)
+    once the Trainer has sharded the model, at the start of training: the decoder layers Accelerate wraps
+    (``fsdp_transformer_layer_cls_to_wrap``, else the model's ``_no_split_modules``), the plugin's policies. Without
+    FSDP2 the reference stays whole on every process."""
+
+    def __init__(self, reference: ReferenceModel, accelerator: Any) -> None:
+        self.reference, self.accelerator = reference, accelerator
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None, **kwargs: Any):
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        if model is None or plugin is None or getattr(plugin, "fsdp_version", None) != 2:
+            return
+        layers = plugin.transformer_cls_names_to_wrap or getattr(self.reference.model, "_no_split_modules", None)
+        self.reference.shard_like(model, layers or [], plugin.mixed_precision_policy, plugin.cpu_offload)
 
 
 #: configuration entries that define what a model predicts: a reference must have the trained model's
@@ -279,6 +333,7 @@ __all__ = [
     "Provenance",
     "ReferenceModel",
     "ReferenceRun",
+    "ShardReferenceCallback",
     "check_override",
     "check_provenance",
     "check_reference_run",

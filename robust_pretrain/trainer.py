@@ -72,7 +72,7 @@ from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.utils import logging
 
 from .causal_lm_loss import ChunkedNextTokenLoss, check_sharding
-from .reference import ReferenceModel
+from .reference import ReferenceModel, ShardReferenceCallback
 from .seeding import SetEpochCallback
 from .task_losses import (
     HOST_TARGET_COLUMNS,
@@ -147,11 +147,9 @@ class MinimaxTrainer(Trainer):
         #: a causal LM's per-target losses computed chunk by chunk from its hidden states (``causal_lm_chunk_size``)
         self.lm_loss = self._chunked_lm_loss()
         #: the frozen model of ``reference_model`` (online excess loss), run on each step's first micro-batch
-        self.reference = (
-            ReferenceModel.load(self.args.reference_model, self.model, self.args.device, sparse_head)
-            if self.args.reference_model is not None
-            else None
-        )
+        self.reference = ReferenceModel.of_trainer(self.args, self.model, self.accelerator, sparse_head)
+        if self.reference is not None:  # under FSDP2, sharded like the model once training has sharded it
+            self.add_callback(ShardReferenceCallback(self.reference, self.accelerator))
         #: the reference model's per-target losses by the same chunked path (its full logits never exist)
         self.reference_lm_loss = (
             ChunkedNextTokenLoss.attach(self.reference.model, self.args.causal_lm_chunk_size)
@@ -327,16 +325,16 @@ class MinimaxTrainer(Trainer):
             self._train_sums += torch.cat([sums.detach(), counts]).to(self._train_sums.device)
         else:
             unique = self._unique_rows(inputs)
-            if unique is not None:  # the batch ends with repeats that complete the last distributed batch
-                sums, counts = (
-                    self._task_sums(model, first_rows(inputs, unique))[:2] if unique else (sums * 0, counts * 0)
-                )
+            if unique is not None:  # repeats end some process's batch: all run again (a sharded forward is collective)
+                rerun = self._task_sums(model, first_rows(inputs, max(unique, 1)))[:2]  # its unique rows, at least one
+                sums, counts = rerun if unique else (rerun[0] * 0, rerun[1] * 0)
             self._eval_sums += torch.cat([sums.detach(), counts]).cpu()
             loss = sums.sum() / counts.sum().clamp_min(1)
         return (loss, outputs) if return_outputs else loss
 
     def _unique_rows(self, inputs: dict[str, Any]) -> int | None:
-        """How many leading rows of this eval batch are not repeats added by the distributed sampler (None: all).
+        """How many leading rows of this eval batch are not repeats added by the distributed sampler (None: no
+        process's batch has any, so none runs its forward pass again).
 
         Uses ``gather_for_metrics``, which drops exactly those repeats from the gathered rows of the last batch.
         """
@@ -345,8 +343,7 @@ class MinimaxTrainer(Trainer):
         size = batch_size(inputs)
         rank = self.accelerator.process_index
         owners = self.accelerator.gather_for_metrics(torch.full((size,), rank, device=self.args.device))
-        unique = int((owners == rank).sum())
-        return None if unique == size else unique
+        return None if owners.numel() == size * self.accelerator.num_processes else int((owners == rank).sum())
 
     def _reference_sums(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The reference model's per-task loss sums on this micro-batch's targets (no gradient); with

@@ -223,7 +223,7 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 SIZE_CEILINGS = {
     "robust_pretrain/pretraining/causal_lm.py": 672,
     "robust_pretrain/pretraining/causal_lm.py:run": 131,
-    "robust_pretrain/trainer.py": 886,
+    "robust_pretrain/trainer.py": 883,
 }
 #: what only reporting/ builds: a recipe hands its results over instead of building a card itself
 CARD_BUILDERS = ("ModelCardContent", "FineTuningCardContent")

@@ -342,6 +342,31 @@ def test_fsdp2_keeps_the_chunked_loss_and_gives_the_ddp_gradient(tmp_path):
         assert runs["fsdp2"][rank]["task_losses"] == pytest.approx(runs["ddp"][0]["task_losses"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_under_fsdp2_the_reference_model_is_sharded_and_gives_the_ddp_reference_losses(tmp_path):
+    """2 gloo processes, 3 steps of minimax over the online excess of a ``--reference_model``: under FSDP2 the
+    reference is sharded like the model (``fully_shard`` per decoder layer and the root), each process holding half
+    its parameters, and its per-domain losses, hence the excess and the weights, are the DDP run's."""
+    reference = tmp_path / "reference"
+    tiny_llama(seed=3).save_pretrained(reference)
+    runs = {}
+    for name, extra in (("ddp", []), ("fsdp2", ["--fsdp2"])):
+        out = tmp_path / name
+        command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
+        options = ["--chunk_size", "5", "--weighting", "minimax", "--max_steps", "3", "--reference_model", reference]
+        subprocess.run([*command, *options, *extra], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
+        runs[name] = [json.loads((out / f"run-rank{rank}.json").read_text()) for rank in (0, 1)]
+    ddp = runs["ddp"][0]
+    total = ddp["reference_parameters"]["total"]
+    assert ddp["reference_class"] == "LlamaForCausalLM" and ddp["reference_parameters"]["local"] == total
+    for run in runs["fsdp2"]:
+        assert run["reference_class"] == "FSDPLlamaForCausalLM" and run["reference_parameters"]["total"] == total
+        assert abs(run["reference_parameters"]["local"] - total / 2) <= 0.01 * total  # about half, per process
+        assert len(run["reference_losses"]) == 3 and run["chunked_forward_passes"] > 0
+        assert torch.tensor(run["reference_losses"]).sub(torch.tensor(ddp["reference_losses"])).abs().max() <= 1e-6
+        assert torch.tensor(run["weights"]).sub(torch.tensor(ddp["weights"])).abs().max() <= 1e-6
+
+
 @pytest.mark.parametrize("engine", ["FSDP2", "FSDP1", "DeepSpeed"])
 def test_fsdp2_attaches_the_chunked_loss_fsdp1_and_deepspeed_are_refused_with_the_reason(tmp_path, engine):
     trainer = MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path)))

@@ -3,7 +3,8 @@
 As a script it trains ``tiny_llama`` one step with ``MinimaxTrainer`` on ``domain_examples(8)`` and writes, into
 ``--out``, ``grads-rank<r>.safetensors``: the first step's gradients (averaged over processes, gathered from the shards
 under ``--fsdp2``), before the optimizer step, and ``run-rank<r>.json``: how the model was wrapped, whether the chunked
-loss ran, the step's per-domain losses.
+loss ran, the step's per-domain losses; with ``--reference_model`` also every step's per-domain reference losses and
+weights, and the reference's parameters: all of them and those held by this process (its shards under FSDP2).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import torch
 from safetensors.torch import save_file
 from tiny_training import as_dataset, force_fsdp2, full, one_step_args
+from torch.distributed.tensor import DTensor
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -114,6 +116,30 @@ def minimax_grads(model: PreTrainedModel, args: MinimaxTrainingArguments, exampl
     return recorder.grads
 
 
+class ReferenceRecorder(TrainerCallback):
+    """Every step's per-domain reference losses (as the weighting receives them) and weights, and the reference
+    model's parameter counts: in all, and held by this process (the local shards of DTensor parameters)."""
+
+    def __init__(self, trainer: MinimaxTrainer) -> None:
+        self.trainer, self.losses, self.weights = trainer, [], []
+        weights = trainer.weighting.weights
+
+        def recording(*args, reference_losses, **kwargs):
+            self.losses.append(reference_losses.tolist())
+            return weights(*args, reference_losses=reference_losses, **kwargs)
+
+        trainer.weighting.weights = recording
+        trainer.add_callback(self)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.weights.append(self.trainer.step_weights.tolist())
+
+    def parameters(self) -> dict[str, int]:
+        unique = {id(p): p for p in self.trainer.reference.model.parameters()}.values()
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in unique)
+        return {"total": sum(p.numel() for p in unique), "local": local}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -122,20 +148,27 @@ def main() -> None:
     parser.add_argument("--weighting", default="proportional")
     parser.add_argument("--chunk_size", type=int, help="causal_lm_chunk_size (default: the option's default)")
     parser.add_argument("--fsdp2", action="store_true", help="shard with FSDP2 (fully_shard per LlamaDecoderLayer)")
+    parser.add_argument("--max_steps", type=int, default=1)
+    parser.add_argument("--reference_model", help="the online excess over this reference model (minimax)")
     cli = parser.parse_args()
     chunking = {} if cli.chunk_size is None else {"causal_lm_chunk_size": cli.chunk_size}
+    if cli.reference_model:
+        chunking.update(loss_normalization="excess", reference_model=cli.reference_model)
     args = make_args(
         cli.out,
         weighting=cli.weighting,
         **chunking,
         per_device_train_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,
+        max_steps=cli.max_steps,
         data_seed=7,
     )
-    trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=as_dataset(domain_examples(8)))
+    examples = domain_examples(8 * cli.max_steps)
+    trainer = MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=as_dataset(examples))
     if cli.fsdp2:
         force_fsdp2(trainer, "LlamaDecoderLayer")
     recorder = GradRecorder(trainer)
+    references = ReferenceRecorder(trainer) if cli.reference_model else None
     trainer.train()
     os.makedirs(cli.out, exist_ok=True)
     save_file(
@@ -148,6 +181,13 @@ def main() -> None:
         "chunked_forward_passes": 0 if trainer.lm_loss is None else trainer.lm_loss.forward_passes,
         "task_losses": {name: logged[f"task_loss/{name}"] for name in DOMAINS},
     }
+    if references is not None:
+        run.update(
+            reference_losses=references.losses,
+            weights=references.weights,
+            reference_parameters=references.parameters(),
+            reference_class=type(trainer.reference.model).__name__,
+        )
     with open(os.path.join(cli.out, f"run-rank{args.process_index}.json"), "w") as f:
         json.dump(run, f)
 
