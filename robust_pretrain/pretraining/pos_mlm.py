@@ -63,6 +63,7 @@ from robust_pretrain.pretraining.common import (
     train_tokenizer_once,
     training_settings,
 )
+from robust_pretrain.pretraining.streams import check_pos_streaming, log_stream_sharding
 from robust_pretrain.reference import (
     Provenance,
     check_override,
@@ -212,39 +213,6 @@ def files_fingerprint(pattern: str | None, option: str) -> str | list[str | None
     if pattern is None or not glob.has_magic(pattern):
         return file_fingerprint(pattern)
     return [file_fingerprint(path) for path in matching_files(pattern, option)]
-
-
-def check_streaming(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments):
-    """Refuse, naming the option, what a stream cannot do."""
-    if data_args.dataset_name is None and data_args.train_file is None:
-        raise UsageError("--streaming reads --dataset_name or --train_file (the default UD corpus is small: drop it)")
-    if training_args.max_steps <= 0:
-        raise UsageError(
-            "--streaming needs --max_steps: a stream has no length, so the number of steps cannot come from "
-            "--num_train_epochs"
-        )
-    if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
-        raise UsageError(
-            "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name (a saved tokenizer) or "
-            "--model_name_or_path"
-        )
-
-
-def log_stream_sharding(train_dataset: IterableDataset, processes: int) -> None:
-    """Say how Accelerate splits the stream over the processes (by file when there are enough files)."""
-    files = train_dataset.n_shards
-    if files >= processes:
-        least = files // processes
-        share = f"{least}" if files % processes == 0 else f"{least} or {least + 1}"
-        logger.info("streaming: each process reads %s of the %d files (shards) of the training stream", share, files)
-    else:
-        logger.warning(
-            "streaming: the training stream has %d file(s) (shards) for %d processes, so every process reads all of "
-            "it and keeps its share of the batches; split the corpus into at least %d files to read disjoint data",
-            files,
-            processes,
-            processes,
-        )
 
 
 def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
@@ -538,7 +506,7 @@ def run(argv: list[str]) -> dict:
             f"--task_sampling {training_args.task_sampling} draws one task per sequence: it needs --masking per_example"
         )
     if data_args.streaming:
-        check_streaming(model_args, data_args, training_args)
+        check_pos_streaming(model_args, data_args, training_args)
     check_checkpoint(model_args.model_name_or_path)
     if model_args.model_name_or_path is not None:
         refuse_given_options(argv, ["model_size", "vocab_size"], "from-scratch options, unused with a checkpoint")
