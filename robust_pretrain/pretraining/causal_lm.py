@@ -10,11 +10,11 @@ per-domain next-token losses. The batches hold the domains in their natural prop
 or each sequence's domain is drawn: from the strategy's current weights (``online``: DoReMi's way of applying weights;
 the objective is then the plain mean) or from a file of weights (``--domain_weights``, e.g. the
 ``domain_weights.json`` of ``robust-pretrain-mixture``; ``--importance_weighting`` corrects the draws toward the
-strategy's weights). With ``--streaming`` each ``--domain_files`` source is a
-stream, packed on the fly and replayed exactly on resume. The run writes the model (``AutoModelForCausalLM``) and
-tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity (mean and worst domain), the
-domains' mixture weights and the run's provenance (:class:`~robust_pretrain.reference.Provenance`), and a model
-card.
+strategy's weights). With ``--streaming`` each ``--domain_files`` source is a stream, packed on the fly and
+resumed exactly (online draws: :mod:`robust_pretrain.data.streaming`). The run writes the model
+(``AutoModelForCausalLM``) and tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity
+(mean and worst domain), the domains' mixture weights and the run's provenance
+(:class:`~robust_pretrain.reference.Provenance`), and a model card.
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ class DomainDataArguments:
         False,
         "Stream the --domain_files sources (nothing read into memory but the held-out texts): each domain is packed on "
         "the fly and read over and over, and the next sequence's domain is drawn from --domain_weights (uniform "
-        "without); a resumed run replays the stream exactly. Needs --max_steps and --tokenizer_name or "
-        "--model_name_or_path.",
+        "without; --task_sampling online: the strategy's weights); a resumed run continues exactly. Needs --max_steps "
+        "and --tokenizer_name or --model_name_or_path.",
     )
     stream_shuffle_buffer: int = option(
         0,
