@@ -5,6 +5,9 @@ domain's position and pass in the checkpoint) also after a tiny domain wrapped s
 from __future__ import annotations
 
 import json
+import math
+import random
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ from ports import free_port
 from processes import checkout_env, wait_for_checkpoint
 from safetensors.torch import load_file
 from test_recipe_causal_lm import FakeTokenizer
+from transformers import AutoTokenizer
 
 from robust_pretrain.data.domains import EWT_GENRES, ewt_genre_texts
 from robust_pretrain.data.streaming import DomainStreams, StreamDomainCollator, StreamPositionsCallback
@@ -127,15 +131,18 @@ TINY = "tiny"
 
 
 def write_domains(folder: Path) -> list[str]:
-    """Two EWT genres (30 texts each) and a tiny domain of 5 texts: 4 held out, 1 short one (a packed sequence or two
-    a pass), so it wraps several times before the run is killed."""
+    """Two EWT genres (30 texts each) and a tiny domain: 4 held-out texts, then 3 strings of random letters (2 packed
+    sequences a pass, hard to predict, so minimax keeps drawing it and it wraps several times before the kill)."""
     corpus = ewt_genre_texts("train")
+    rng = random.Random(0)
     entries = []
     for name in ("answers", "email", TINY):
         genre = EWT_GENRES.index("reviews" if name == TINY else name)
         texts = [text for text, d in zip(corpus["text"], corpus["domain"], strict=True) if d == genre]
-        texts = [t for t in texts if len(t) < 80][:5] if name == TINY else texts[:30]
-        (folder / f"{name}.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+        if name == TINY:
+            letters = [" ".join("".join(rng.choices(string.ascii_lowercase, k=3)) for _ in range(5)) for _ in range(3)]
+            texts = texts[:4] + letters
+        (folder / f"{name}.txt").write_text("\n".join(texts[:30]) + "\n", encoding="utf-8")
         entries.append(f"{name}={folder / f'{name}.txt'}")
     return entries
 
@@ -151,7 +158,7 @@ def command(domain_data: list[str], output_dir: Path, batch_size: int, *extra: s
     return [
         str(RECIPE), *domain_data,
         "--streaming", "true", "--stream_held_out_texts", "4", "--stream_shuffle_buffer", "8",
-        "--task_sampling", "online", "--weighting", "minimax", "--alpha", "4",
+        "--task_sampling", "online", "--weighting", "minimax", "--alpha", "1",
         "--max_seq_length", "32", "--per_device_train_batch_size", str(batch_size),
         "--per_device_eval_batch_size", "16",
         "--max_steps", str(MAX_STEPS), "--logging_steps", "1", "--learning_rate", "3e-3", "--warmup_steps", "0",
@@ -171,11 +178,15 @@ def positions(checkpoint: Path) -> dict[str, list[int]]:
 
 @pytest.mark.slow
 def test_a_streamed_online_run_killed_after_a_checkpoint_resumes_bit_exact(domain_data, tmp_path):
-    """One process, SIGKILLed once checkpoint-5 is written (the tiny domain has wrapped several times by then) and
-    rerun: the same per-step losses, sampling and objective weights, model and averaged weights as an uninterrupted
-    run."""
+    """One process (4 rows, 2 micro-batches a step), SIGKILLed once checkpoint-5 is written (the tiny domain has
+    wrapped several times by then) and rerun: the same per-step losses, sampling and objective weights, model and
+    averaged weights as an uninterrupted run."""
+    tokenizer = AutoTokenizer.from_pretrained(domain_data[domain_data.index("--tokenizer_name") + 1])
+    tiny_texts = Path(domain_data[3].split("=", 1)[1]).read_text().splitlines()[4:]  # past the held-out ones
+    tokens = tokenizer(tiny_texts, add_special_tokens=False)["input_ids"]
+    tiny_pass = math.ceil(sum(len(ids) + 1 for ids in tokens) / 32)  # each text and its eos, in 32-token sequences
     env = checkout_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    saving = ["--save_steps", "1", "--save_total_limit", "20"]
+    saving = ["--save_steps", "1", "--save_total_limit", "20", "--gradient_accumulation_steps", "2"]
     whole_dir, resumed_dir = tmp_path / "uninterrupted", tmp_path / "resumed"
     whole = subprocess.run(
         [sys.executable, *command(domain_data, whole_dir, 4, *saving)], env=env, capture_output=True, text=True,
@@ -196,7 +207,9 @@ def test_a_streamed_online_run_killed_after_a_checkpoint_resumes_bit_exact(domai
     assert KILL_AFTER <= steps_done < MAX_STEPS
     assert positions(last) == positions(whole_dir / last.name)
     assert positions(last)["wraps"][2] >= 3  # the tiny domain's passes
-    assert sum(positions(whole_dir / "checkpoint-3")["rows"]) + sum(positions(whole_dir / "checkpoint-3")["wraps"]) > 0
+    for step in range(1, MAX_STEPS + 1):  # the rows of the checkpoint's steps, not of the batch read ahead
+        read = positions(whole_dir / f"checkpoint-{step}")
+        assert read["wraps"][:2] == [0, 0] and sum(read["rows"]) + read["wraps"][2] * tiny_pass == 8 * step, step
     rerun = subprocess.run(rerun_command, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     expected, got = logs(whole_dir), logs(resumed_dir)
@@ -212,18 +225,18 @@ def test_a_streamed_online_run_killed_after_a_checkpoint_resumes_bit_exact(domai
 
 @pytest.mark.slow
 def test_two_gloo_processes_read_the_rows_of_one_process_with_their_global_batch(domain_data, tmp_path):
-    """torchrun with 2 processes of 2 rows against 1 process of 4 rows: the same rows in the same steps (each
+    """torchrun with 2 processes of 4 rows against 1 process of 8 rows: the same rows in the same steps (each
     domain's position and pass after every step equal), hence the same losses, weights and model."""
     env = checkout_env(OMP_NUM_THREADS="1")
-    saving = ["--save_steps", "2"]
+    saving = ["--save_steps", "2", "--save_total_limit", "10"]
     single = subprocess.run(
-        [sys.executable, *command(domain_data, tmp_path / "single", 4, *saving)], env=env, capture_output=True,
+        [sys.executable, *command(domain_data, tmp_path / "single", 8, *saving)], env=env, capture_output=True,
         text=True, timeout=600,
     )  # fmt: skip
     assert single.returncode == 0, single.stderr[-3000:]
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     pair = subprocess.run(
-        [*launch, *command(domain_data, tmp_path / "pair", 2, *saving)], env=env, capture_output=True, text=True,
+        [*launch, *command(domain_data, tmp_path / "pair", 4, *saving)], env=env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     assert pair.returncode == 0, pair.stderr[-3000:]

@@ -576,7 +576,7 @@ def run(argv: list[str]) -> dict:
     write_run_config(training_args, settings)
     if data_args.streaming:  # every process reads its own files (Accelerate's default would read on process 0 only)
         training_args.accelerator_config.dispatch_batches = False
-        log_stream_sharding(train_dataset, training_args.world_size)
+        log_stream_sharding(train_dataset, training_args.world_size, logger)
         train_dataset = repeat_stream(train_dataset)  # one endless epoch: a resume replays it exactly across passes
     trainer = create_trainer(
         training_args,

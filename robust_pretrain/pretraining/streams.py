@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from robust_pretrain.pretraining.pos_mlm import DataArguments, ModelArguments
     from robust_pretrain.training_args import MinimaxTrainingArguments
 
-logger = logging.getLogger(__name__)
-
 
 def check_pos_streaming(
     model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments
@@ -50,8 +48,9 @@ def check_pos_streaming(
         )
 
 
-def log_stream_sharding(train_dataset: IterableDataset, processes: int) -> None:
-    """Say how Accelerate splits the stream over the processes (by file when there are enough files)."""
+def log_stream_sharding(train_dataset: IterableDataset, processes: int, logger: logging.Logger) -> None:
+    """Say with ``logger`` (the recipe's) how Accelerate splits the stream over the processes (by file when there are
+    enough files)."""
     files = train_dataset.n_shards
     if files >= processes:
         least = files // processes
