@@ -19,6 +19,8 @@ one of its sequences uniformly (with replacement); process ``r`` keeps rows ``r 
 process computes the same global draw, the draw depends on the step (not on time or on which process or worker
 collates), and a resumed run draws exactly what an uninterrupted one does. ``w`` are the weights the schedule gives
 the step (online: a strategy's weights by the lag rule of :mod:`robust_pretrain.task_sampling`; fixed: a file's).
+From streams (a stream per domain) the same draws read each drawn domain's next sequence instead:
+:mod:`robust_pretrain.data.streaming`.
 """
 
 from __future__ import annotations
