@@ -221,8 +221,8 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 #: the rooms that are larger today, each at most its size when the rule came in (they may shrink, never grow: issue 30
 #: asks for them to be split)
 SIZE_CEILINGS = {
-    "robust_pretrain/pretraining/causal_lm.py": 672,
-    "robust_pretrain/pretraining/causal_lm.py:run": 131,
+    "robust_pretrain/pretraining/causal_lm.py": 655,
+    "robust_pretrain/pretraining/causal_lm.py:run": 128,
     "robust_pretrain/trainer.py": 883,
 }
 #: what only reporting/ builds: a recipe hands its results over instead of building a card itself

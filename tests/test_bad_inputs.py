@@ -104,6 +104,8 @@ SCRIPTS: dict[str, tuple[Callable[[list[str]], int], str, list[str]]] = {
 FOLDER = ["--num_semseg_classes", "3", "--image_size", "16", "--patch_size", "4", "--num_visible_tokens", "8"]
 DENSE = ["--num_labels", "3", "--eval_split", "test", "--image_folder"]
 TWO_DOMAINS = ["--domain_files", "web={tmp}/train.txt", "mail={tmp}/train.txt"]
+DOMAIN_STREAMS = ["--streaming", "true", *TWO_DOMAINS, "--tokenizer_name", str(MINILM)]
+POS_STREAM = ["--streaming", "true", "--tokenizer_name", str(MINILM)]
 
 # (script, options, fragments the error must contain)
 CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
@@ -224,6 +226,11 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["--per_device_train_batch_size", "--learning_rate", "--alpha"],
     ),  # fmt: skip
     ("pos-mlm", ["--streaming", "true", "--max_steps", "-1"], ["--streaming needs --max_steps"]),
+    (
+        "pos-mlm",
+        [*POS_STREAM, "--masking", "per_example", "--task_sampling", "online"],
+        ["--streaming: --task_sampling online draws among each sequence's tasks, which needs map-style data"],
+    ),  # fmt: skip
     # multimae
     ("multimae", ["--patch_size", "0"], ["--patch_size must be a positive integer, got 0"]),
     ("multimae", ["--patch_size", "7"], ["--patch_size 7 does not divide --image_size"]),
@@ -358,6 +365,28 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["--streaming: a tokenizer cannot be trained on a stream"],
     ),  # fmt: skip
     ("causal-lm", ["--stream_held_out_texts", "0"], ["--stream_held_out_texts must be a positive integer"]),
+    # issue 31 item 5: online sampling on streams
+    (
+        "causal-lm",
+        [*DOMAIN_STREAMS, "--task_sampling", "fixed", "--task_sampling_weights", "1", "1"],
+        ["--streaming --task_sampling fixed: streams draw fixed weights from a file; give them as --domain_weights"],
+    ),
+    (
+        "causal-lm",
+        [*DOMAIN_STREAMS, "--stream_shuffle_buffer", "8"],
+        ["--stream_shuffle_buffer shuffles the domain streams of --task_sampling online"],
+    ),
+    (
+        "causal-lm",
+        [*DOMAIN_STREAMS, "--task_sampling", "online", "--dataloader_num_workers", "2"],
+        ["reads the domain streams in the training process: --dataloader_num_workers must be 0, got 2"],
+    ),
+    (
+        "causal-lm",
+        [*DOMAIN_STREAMS, "--task_sampling", "online", "--restore_callback_states_from_checkpoint", "true"],
+        ["--restore_callback_states_from_checkpoint: --streaming --task_sampling online restores its stream positions"],
+    ),
+    ("causal-lm", ["--stream_shuffle_buffer", "-1"], ["--stream_shuffle_buffer must be"]),
     ("causal-lm", ["--task_names", "a", "b"], ["--task_names ['a', 'b'] differ from the data's domains"]),
     # mixture
     ("mixture", ["--rounds", "0"], ["--rounds must be a positive integer"]),

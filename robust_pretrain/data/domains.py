@@ -19,6 +19,8 @@ one of its sequences uniformly (with replacement); process ``r`` keeps rows ``r 
 process computes the same global draw, the draw depends on the step (not on time or on which process or worker
 collates), and a resumed run draws exactly what an uninterrupted one does. ``w`` are the weights the schedule gives
 the step (online: a strategy's weights by the lag rule of :mod:`robust_pretrain.task_sampling`; fixed: a file's).
+From streams (a stream per domain) the same draws read each drawn domain's next sequence instead:
+:mod:`robust_pretrain.data.streaming`.
 """
 
 from __future__ import annotations
@@ -131,17 +133,22 @@ def stream_domains(
     ``probabilities`` by a generator seeded with ``seed``. The stream is a function of its position only, so a resumed
     run that replays the batches drawn so far (the Trainer's resume) continues exactly where it was."""
     packed = [
-        repeat_stream(
-            stream.select_columns(["text"]).map(
-                _PackCausal(tokenizer, max_seq_length, domain), batched=True, batch_size=batch_size,
-                remove_columns=["text"],
-            )
-        )
+        repeat_stream(pack_text_stream(stream, tokenizer, max_seq_length, domain, batch_size))
         for domain, stream in enumerate(streams)
-    ]  # fmt: skip
+    ]
     total = sum(probabilities)
     return interleave_datasets(
         packed, probabilities=[p / total for p in probabilities], seed=seed, stopping_strategy="all_exhausted"
+    )
+
+
+def pack_text_stream(
+    stream: IterableDataset, tokenizer: Any, max_seq_length: int, domain: int, batch_size: int = 1000
+) -> IterableDataset:
+    """One domain's stream of texts (a ``text`` column) packed on the fly as :func:`pack_domains` packs: sequences of
+    ``max_seq_length`` tokens (``input_ids``, ``task_ids`` = ``domain``) within map batches of ``batch_size`` texts."""
+    return stream.select_columns(["text"]).map(
+        _PackCausal(tokenizer, max_seq_length, domain), batched=True, batch_size=batch_size, remove_columns=["text"]
     )
 
 
@@ -202,26 +209,40 @@ class DomainCollator:
         empty = [d for d, rows in enumerate(rows_by_domain) if len(rows) == 0]
         if empty:
             raise ValueError(f"domains {empty} have no training sequence to draw")
-        self.schedule, self.sequences, self._rows_by_domain = schedule, sequences, rows_by_domain
-        self.seed, self.rows_per_process = args.seed, args.per_device_train_batch_size
-        self.process_index, self.num_processes = args.process_index, args.world_size
+        self.sequences, self._rows_by_domain = sequences, rows_by_domain
+        self.bind_draws(schedule, args)
         return DrawSlots(draws_per_epoch(len(sequences), args))
+
+    def bind_draws(self, schedule: TaskSamplingSchedule, args: TrainingArguments) -> None:
+        """Draw by ``schedule``, seeded by ``args.seed``, this process keeping its rows of each global draw."""
+        self.schedule, self.seed, self.rows_per_process = schedule, args.seed, args.per_device_train_batch_size
+        self.process_index, self.num_processes = args.process_index, args.world_size
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if features and "input_ids" not in features[0]:
             if self.schedule is None:
                 raise ValueError("rows without input_ids need a sampling schedule to draw their sequences")
-            features = [self.sequences[int(row)] for row in self.draw(len(features))]
+            features = self.drawn_rows(len(features))
         return self.pad(features)
 
-    def draw(self, rows: int) -> torch.Tensor:
-        """Indices into ``sequences`` of this process's ``rows`` rows of the next training batch."""
+    def drawn_rows(self, rows: int) -> list[dict[str, Any]]:
+        """This process's ``rows`` sequences of the next training batch."""
+        return [self.sequences[int(row)] for row in self.draw(rows)]
+
+    def global_draw(self) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """``(step, micro_batch, domains, positions)`` of the next training batch's global draw: the domain of each of
+        its ``rows_per_process * num_processes`` rows and a uniform number in [0, 1) per row (which of the domain's
+        sequences it gets), the same on every process."""
         step, micro, weights = self.schedule.next_batch()
         generator = torch.Generator().manual_seed(batch_seed(self.seed, step, micro))
         total = self.rows_per_process * self.num_processes
         probabilities = weights / weights.sum() if float(weights.sum()) > 0 else torch.ones_like(weights)
         domains = torch.multinomial(probabilities, total, replacement=True, generator=generator)
-        positions = torch.rand(total, generator=generator, dtype=torch.float64)
+        return step, micro, domains, torch.rand(total, generator=generator, dtype=torch.float64)
+
+    def draw(self, rows: int) -> torch.Tensor:
+        """Indices into ``sequences`` of this process's ``rows`` rows of the next training batch."""
+        _, _, domains, positions = self.global_draw()
         start = self.process_index * self.rows_per_process
         chosen = []
         mine = zip(domains[start : start + rows].tolist(), positions[start : start + rows].tolist(), strict=True)
@@ -267,5 +288,6 @@ __all__ = [
     "draws_per_epoch",
     "ewt_genre_texts",
     "pack_domains",
+    "pack_text_stream",
     "stream_domains",
 ]

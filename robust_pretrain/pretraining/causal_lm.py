@@ -10,11 +10,11 @@ per-domain next-token losses. The batches hold the domains in their natural prop
 or each sequence's domain is drawn: from the strategy's current weights (``online``: DoReMi's way of applying weights;
 the objective is then the plain mean) or from a file of weights (``--domain_weights``, e.g. the
 ``domain_weights.json`` of ``robust-pretrain-mixture``; ``--importance_weighting`` corrects the draws toward the
-strategy's weights). With ``--streaming`` each ``--domain_files`` source is a
-stream, packed on the fly and replayed exactly on resume. The run writes the model (``AutoModelForCausalLM``) and
-tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity (mean and worst domain), the
-domains' mixture weights and the run's provenance (:class:`~robust_pretrain.reference.Provenance`), and a model
-card.
+strategy's weights). With ``--streaming`` each ``--domain_files`` source is a stream, packed on the fly and
+resumed exactly (online draws: :mod:`robust_pretrain.data.streaming`). The run writes the model
+(``AutoModelForCausalLM``) and tokenizer, ``task_report.json`` with the per-domain held-out loss and perplexity
+(mean and worst domain), the domains' mixture weights and the run's provenance
+(:class:`~robust_pretrain.reference.Provenance`), and a model card.
 """
 
 from __future__ import annotations
@@ -47,12 +47,10 @@ from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.data.domains import (
     DOMAIN_COLUMN,
     EWT_GENRES,
-    DomainCollator,
     domain_counts,
     domain_texts,
     ewt_genre_texts,
     pack_domains,
-    stream_domains,
 )
 from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
 from robust_pretrain.options import check_options, option
@@ -68,6 +66,7 @@ from robust_pretrain.pretraining.common import (
     train_tokenizer_once,
     training_settings,
 )
+from robust_pretrain.pretraining.streams import check_domain_streaming, domain_training_data
 from robust_pretrain.reference import (
     Provenance,
     check_override,
@@ -166,8 +165,14 @@ class DomainDataArguments:
         False,
         "Stream the --domain_files sources (nothing read into memory but the held-out texts): each domain is packed on "
         "the fly and read over and over, and the next sequence's domain is drawn from --domain_weights (uniform "
-        "without); a resumed run replays the stream exactly. Needs --max_steps and --tokenizer_name or "
-        "--model_name_or_path.",
+        "without; --task_sampling online: the strategy's weights); a resumed run continues exactly. Needs --max_steps "
+        "and --tokenizer_name or --model_name_or_path.",
+    )
+    stream_shuffle_buffer: int = option(
+        0,
+        "With --streaming --task_sampling online: read each domain's texts through a shuffle buffer of this many "
+        "texts, in a new order (seeded by --seed) every pass over the stream; 0 reads them in order.",
+        minimum=0,
     )
     stream_held_out_texts: int = option(
         100,
@@ -318,25 +323,6 @@ def stream_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
         local_files(*sources.values()),
         streams=streams,
     )
-
-
-def check_streaming(
-    model_args: CausalModelArguments, data_args: DomainDataArguments, training_args: MinimaxTrainingArguments
-) -> None:
-    """Refuse, naming the option, what a stream of domains cannot do."""
-    if not data_args.domain_files:
-        raise UsageError("--streaming reads --domain_files (one stream per domain); give them")
-    if training_args.max_steps <= 0:
-        raise UsageError("--streaming needs --max_steps: a stream has no length")
-    if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
-        raise UsageError(
-            "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name or --model_name_or_path"
-        )
-    if training_args.task_sampling != "none":
-        raise UsageError(
-            f"--streaming draws domains from fixed weights (--domain_weights); --task_sampling "
-            f"{training_args.task_sampling} needs map-style data"
-        )
 
 
 def require_every_domain(texts: DomainTexts) -> list[int]:
@@ -550,7 +536,7 @@ def run(argv: list[str]) -> dict:
     if data_args.streaming:
         held_out = "the held-out texts are the first --stream_held_out_texts of each stream"
         refuse_given_options(argv, ["validation_split_percentage"], f"not used with --streaming ({held_out})")
-        check_streaming(model_args, data_args, training_args)
+        check_domain_streaming(model_args, data_args, training_args)
     texts = load_domain_texts(data_args)
     text_counts = require_every_domain(texts)
     fixed_weights, saved_provenance = None, None
@@ -601,12 +587,9 @@ def run(argv: list[str]) -> dict:
         allowed = training_args.reference_mismatch_ok
         check_provenance("--domain_weights", data_args.domain_weights, saved_provenance, provenance, allowed)
     sequences = domain_counts(train_sequences, num_domains)  # streamed: of the sample
-    if texts.streams is not None:
-        train_sequences = stream_domains(
-            texts.streams, tokenizer, data_args.max_seq_length, fixed_weights or [1.0] * num_domains,
-            training_args.seed,
-        )  # fmt: skip
-        training_args.accelerator_config.dispatch_batches = False  # every process reads the streams itself
+    train_sequences, collator, data_callbacks = domain_training_data(
+        texts, train_sequences, tokenizer, data_args, training_args, fixed_weights, resume_checkpoint
+    )
     averages = WeightAverageCallback()
     write_run_config(training_args, settings)
     trainer = create_trainer(
@@ -615,9 +598,9 @@ def run(argv: list[str]) -> dict:
         train_dataset=train_sequences,
         eval_dataset=eval_sequences,
         processing_class=tokenizer,
-        data_collator=DomainCollator(tokenizer.pad_token_id, task_names=texts.names),
+        data_collator=collator,
         weighting=objective,
-        callbacks=[averages],
+        callbacks=[averages, *data_callbacks],
     )
     averages.trainer = trainer
     if resume_checkpoint is not None:
@@ -626,13 +609,13 @@ def run(argv: list[str]) -> dict:
 
     if fixed_weights is not None:
         mixture, mixture_kind = [w / sum(fixed_weights) for w in fixed_weights], "file"
+    elif training_args.task_sampling == "online":
+        mixture, mixture_kind = averages.average() or [1 / num_domains] * num_domains, "online time-average"
     elif texts.streams is not None:
         mixture, mixture_kind = [1 / num_domains] * num_domains, "uniform (streamed)"
     elif training_args.task_sampling == "fixed":
         weights = training_args.task_sampling_weights
         mixture, mixture_kind = [w / sum(weights) for w in weights], "fixed"
-    elif training_args.task_sampling == "online":
-        mixture, mixture_kind = averages.average() or [1 / num_domains] * num_domains, "online time-average"
     else:
         mixture, mixture_kind = [count / sum(sequences) for count in sequences], "natural"
     recipe_settings = {

@@ -36,7 +36,6 @@ from robust_pretrain.pretraining.pos_mlm_arguments import (
     NOT_SETTINGS,
     DataArguments,
     ModelArguments,
-    check_streaming,
     files_fingerprint,
     run_config,
 )
@@ -44,7 +43,6 @@ from robust_pretrain.pretraining.pos_mlm_data import (
     STREAM_SHARE_ROWS,
     PremaskedOrTrainingCollator,
     load_raw_datasets,
-    log_stream_sharding,
     masking_collator,
     premask,
     require_targets,
@@ -57,6 +55,7 @@ from robust_pretrain.pretraining.pos_mlm_model import (
     save_merged,
     train_wordpiece_tokenizer,
 )
+from robust_pretrain.pretraining.streams import check_pos_streaming
 from robust_pretrain.reference import (
     Provenance,
     check_override,
@@ -78,12 +77,10 @@ __all__ = [  # the recipe's names, wherever they are defined (importable from he
     "DataArguments",
     "ModelArguments",
     "PremaskedOrTrainingCollator",
-    "check_streaming",
     "files_fingerprint",
     "load_model",
     "load_raw_datasets",
     "load_tokenizer",
-    "log_stream_sharding",
     "main",
     "masking_collator",
     "parse_arguments",
@@ -163,7 +160,7 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Min
             f"--task_sampling {training_args.task_sampling} draws one task per sequence: it needs --masking per_example"
         )
     if data_args.streaming:
-        check_streaming(model_args, data_args, training_args)
+        check_pos_streaming(model_args, data_args, training_args)
     check_checkpoint(model_args.model_name_or_path)
     if model_args.model_name_or_path is not None:
         refuse_given_options(argv, ["model_size", "vocab_size"], "from-scratch options, unused with a checkpoint")

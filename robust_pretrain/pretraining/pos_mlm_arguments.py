@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 from dataclasses import asdict, dataclass, field
 
-from robust_pretrain.cli import UsageError
 from robust_pretrain.data import TaskSpec
 from robust_pretrain.data.text_files import matching_files
 from robust_pretrain.options import LoraArguments, check_options, option
@@ -145,19 +144,3 @@ def files_fingerprint(pattern: str | None, option: str) -> str | list[str | None
     if pattern is None or not glob.has_magic(pattern):
         return file_fingerprint(pattern)
     return [file_fingerprint(path) for path in matching_files(pattern, option)]
-
-
-def check_streaming(model_args: ModelArguments, data_args: DataArguments, training_args: MinimaxTrainingArguments):
-    """Refuse, naming the option, what a stream cannot do."""
-    if data_args.dataset_name is None and data_args.train_file is None:
-        raise UsageError("--streaming reads --dataset_name or --train_file (the default UD corpus is small: drop it)")
-    if training_args.max_steps <= 0:
-        raise UsageError(
-            "--streaming needs --max_steps: a stream has no length, so the number of steps cannot come from "
-            "--num_train_epochs"
-        )
-    if model_args.tokenizer_name is None and model_args.model_name_or_path is None:
-        raise UsageError(
-            "--streaming: a tokenizer cannot be trained on a stream; pass --tokenizer_name (a saved tokenizer) or "
-            "--model_name_or_path"
-        )

@@ -25,6 +25,7 @@ from robust_pretrain.data.preprocessing import (
 from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EXPECTED_SHARE
 from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
 from robust_pretrain.pretraining.pos_mlm_arguments import DataArguments
+from robust_pretrain.pretraining.streams import log_stream_sharding
 from robust_pretrain.targets import refuse_tasks_without_targets
 from robust_pretrain.task_sampling import TaskSamplingSchedule
 from robust_pretrain.training_args import MinimaxTrainingArguments
@@ -32,23 +33,6 @@ from robust_pretrain.training_args import MinimaxTrainingArguments
 logger = logging.getLogger(__name__)
 
 STREAM_SHARE_ROWS = 1000  # sequences of a stream whose words are counted before training
-
-
-def log_stream_sharding(train_dataset: IterableDataset, processes: int) -> None:
-    """Say how Accelerate splits the stream over the processes (by file when there are enough files)."""
-    files = train_dataset.n_shards
-    if files >= processes:
-        least = files // processes
-        share = f"{least}" if files % processes == 0 else f"{least} or {least + 1}"
-        logger.info("streaming: each process reads %s of the %d files (shards) of the training stream", share, files)
-    else:
-        logger.warning(
-            "streaming: the training stream has %d file(s) (shards) for %d processes, so every process reads all of "
-            "it and keeps its share of the batches; split the corpus into at least %d files to read disjoint data",
-            files,
-            processes,
-            processes,
-        )
 
 
 def load_raw_datasets(data_args: DataArguments) -> DatasetDict:
@@ -238,5 +222,5 @@ def training_stream(train_dataset: IterableDataset, training_args: MinimaxTraini
     """A streamed training set as the trainer reads it: every process reads its own files (Accelerate's default
     would read on process 0 only), over and over (one endless epoch: a resume replays it exactly across passes)."""
     training_args.accelerator_config.dispatch_batches = False
-    log_stream_sharding(train_dataset, training_args.world_size)
+    log_stream_sharding(train_dataset, training_args.world_size, logger)
     return repeat_stream(train_dataset)
