@@ -45,10 +45,10 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
     mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are pooled over
     processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
     micro-batch (with accumulation, a task missing from it gets no weight in that step, and ``step_weights`` holds the
-    effective weights ``k_t / GA * w_t``, see the module docstring). Pass ``weighting=`` to use a strategy instance
-    instead of the one the arguments describe. A causal LM (:func:`is_causal_lm`) learns next-token targets: labels
-    are shifted as its own loss shifts them, token-level ``task_ids`` with them (a target's task is the predicted
-    token's).
+    effective weights ``k_t / GA * w_t``, see :mod:`robust_pretrain.trainer`). Pass ``weighting=`` to use a strategy
+    instance instead of the one the arguments describe. A causal LM (:func:`is_causal_lm`) learns next-token targets:
+    labels are shifted as its own loss shifts them, token-level ``task_ids`` with them (a target's task is the
+    predicted token's).
     """
 
     # compute_loss normalises by the whole step's global per-task counts: the Trainer must not divide again.
@@ -248,7 +248,7 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
         found = tuple(batch[c] for c in HOST_TARGET_COLUMNS) if HOST_TARGET_COLUMNS[0] in batch else None
         return TaskTargets(*self._targets(batch), self.num_tasks, found)
 
-    # ------------------------------------------------------------------------- loss (the sums: TaskObjective)
+    # ------------------------------------------------------------ loss (the sums and the objective: TaskObjective)
     def compute_loss(
         self,
         model: torch.nn.Module,
