@@ -7,8 +7,8 @@ from test_trainer import make_args, one_step
 from tiny_training import masked_examples, tiny_bert
 
 from robust_pretrain import MinimaxTrainer
-from robust_pretrain import trainer as trainer_module
 from robust_pretrain.task_losses import reduce_by_task
+from robust_pretrain.trainer import objective as objective_module
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -40,7 +40,7 @@ def test_full_determinism_takes_the_fixed_order_reduction(tmp_path, monkeypatch,
         calls.append(deterministic)
         return reduce_by_task(losses, task_ids, num_tasks, deterministic)
 
-    monkeypatch.setattr(trainer_module, "reduce_by_task", spy)
+    monkeypatch.setattr(objective_module, "reduce_by_task", spy)
     batch = masked_examples(8)
     plain = one_step(MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path / "a")), batch)
     exact = one_step(MinimaxTrainer(model=tiny_bert(), args=make_args(tmp_path / "b", full_determinism=True)), batch)

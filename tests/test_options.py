@@ -21,6 +21,7 @@ OPTION_MODULES = (
     "robust_pretrain.weighting.arguments",
     "robust_pretrain.pretraining.pos_mlm_arguments",
     "robust_pretrain.pretraining.multimae_arguments",
+    "robust_pretrain.pretraining.causal_lm_arguments",
     "robust_pretrain.glue.finetune",
     "robust_pretrain.glue.probe",
     "robust_pretrain.vision.finetune_arguments",

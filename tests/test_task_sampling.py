@@ -24,7 +24,6 @@ from scipy.stats import chi2
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain import trainer as trainer_module
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec
 from robust_pretrain.task_sampling import (
     SAMPLING_LAG,
@@ -33,6 +32,7 @@ from robust_pretrain.task_sampling import (
     TaskSamplingWeighting,
     draw_tasks,
 )
+from robust_pretrain.trainer import minimax as trainer_module
 from robust_pretrain.weighting import build_weighting
 
 TASK_NAMES = TaskSpec.default().task_names

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+ROOT = "robust_pretrain"
 #: the packages whose exports make the reference, in the order of the landing page, with a line on each
 PACKAGES = {
     "robust_pretrain": "Start here: the trainer, its arguments and the weighting registry.",
@@ -48,10 +49,21 @@ def defining_name(package: str, name: str, value: Any) -> str:
     return name
 
 
+def own_parts(cls: type, documented: set[int]) -> list[type]:
+    """The package's own mixins that ``cls`` is assembled from (plain classes, such as the trainer's parts) and that
+    the reference does not document on a page of their own."""
+    return [
+        base
+        for base in cls.__mro__[1:]
+        if base.__module__.startswith(f"{ROOT}.") and base.__bases__ == (object,) and id(base) not in documented
+    ]
+
+
 def write_pages(app: Any, config: Any) -> None:
     folder = Path(app.srcdir) / "api" / "packages"
     folder.mkdir(parents=True, exist_ok=True)
     documented: set[int] = set()
+    classes: dict[str, type] = {}
     for package, summary in PACKAGES.items():
         module = importlib.import_module(package)
         names = []
@@ -60,7 +72,23 @@ def write_pages(app: Any, config: Any) -> None:
             if id(value) not in documented and not inspect.ismodule(value):
                 documented.add(id(value))
                 names.append(defining_name(package, name, value))
+                if inspect.isclass(value):
+                    classes[f"{package}.{name}"] = value
         (folder / f"{package}.rst").write_text(package_page(package, names, summary))
+    # a class assembled from undocumented mixins shows their members as its own, and no other base's (read by the
+    # class template: autodoc's inherited-members leaves out the members of the bases it names)
+    parts = {name: own_parts(cls, documented) for name, cls in classes.items()}
+    config.autosummary_context["inherited_from_parts"] = {
+        name: ", ".join(base.__name__ for base in classes[name].__mro__[1:] if base not in parts[name])
+        for name in classes
+        if parts[name]
+    }
+    app.undocumented_parts = {id(part) for each in parts.values() for part in each}
+
+
+def bases_without_parts(app: Any, name: str, obj: Any, options: Any, bases: list[Any]) -> None:
+    """A class's bases as the reader knows them: the undocumented parts it is assembled from left out."""
+    bases[:] = [base for base in bases if id(base) not in getattr(app, "undocumented_parts", ())]
 
 
 def no_inline_attribute_type(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
@@ -72,4 +100,5 @@ def no_inline_attribute_type(app: Any, what: str, name: str, obj: Any, options: 
 def setup(app: Any) -> dict[str, Any]:
     app.connect("config-inited", write_pages)  # before Sphinx lists the sources and autosummary writes its stubs
     app.connect("autodoc-process-docstring", no_inline_attribute_type, priority=400)  # before Napoleon's (500)
+    app.connect("autodoc-process-bases", bases_without_parts)
     return {"parallel_read_safe": True}
