@@ -222,7 +222,7 @@ def load_state(state: Path, seeds: list[str]) -> dict[str, Any]:
         }
         loaded["scores"][seed] = {arm: {task: cells[arm][task]["score"] for task in TASKS} for arm in ARMS}
         loaded["classification"][seed] = {
-            arm: {"accuracy": cells[arm]["classification"]["raw_metrics"]["eval_accuracy"]} for arm in ARMS
+            arm: {"accuracy": cells[arm]["classification"]["raw_metrics"]["eval_top1_accuracy"]} for arm in ARMS
         }
         for arm in PRETRAINED:
             run = root / "pretraining" / arm

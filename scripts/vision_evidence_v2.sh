@@ -20,7 +20,7 @@ SEEDS=${SEEDS:-42 43 44}
 STATE=${STATE:-benchmarks/results/vision_evidence_state}
 RESULTS=${RESULTS:-benchmarks/results/vision_evidence}
 # The fine-tuning schedule fixed by the pilot (protocol addendum), for every cell.
-FT_EPOCHS=8
+FT_EPOCHS=16
 FT_LR=1e-3
 HELPER=scripts/vision_evidence_v2.py
 mkdir -p "$OUT"
