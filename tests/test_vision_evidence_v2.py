@@ -118,7 +118,7 @@ def _fake_output(out: Path, seeds: list[str]) -> None:
             for task, score in zip(v2.TASKS, values, strict=True):
                 cell = {"checkpoint": checkpoint, "task": task, "score": score, "raw_metrics": {}}
                 if task == "classification":
-                    cell["raw_metrics"]["eval_accuracy"] = 81 / 256 if arm == "random-init" else score / 100
+                    cell["raw_metrics"]["eval_top1_accuracy"] = 81 / 256 if arm == "random-init" else score / 100
                 _write(out / "suite" / f"seed-{seed}" / "cells" / f"seed-{seed}-{arm}" / task / f"seed{seed}"
                        / "cell.json", cell)  # fmt: skip
 
