@@ -374,8 +374,10 @@ def render_sections(payload: dict[str, Any]) -> list[str]:
     lines = [
         "## Decision (primary endpoint: the worst task's gain over random init, minimax − average)",
         "",
-        f"Mean Δ {_interval_text(primary)} (95 % t-interval, df = {primary['df']}, {n} pre-training seeds): "
-        f"**{analysis['decision']}**.",
+        f"Mean Δ {_interval_text(primary)} "
+        + (f"(95 % t-interval, df = {primary['df']}, {n} pre-training seeds)" if n > 1 else "(1 pre-training seed)")
+        + f": **{analysis['decision']}** (protocol: minimax better if the interval's lower bound > 0, worse if its "
+        "upper bound < 0, else no difference shown).",
         "",
         "## Pre-training configuration",
         "",
