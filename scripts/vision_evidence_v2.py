@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from robust_pretrain.reporting.statistics import Interval, mean_interval, paired_interval
+from robust_pretrain.reporting.statistics import Interval, mean_interval, paired_interval, t_quantile
 
 ARMS = ("average", "minimax", "random-init")
 PRETRAINED = ("average", "minimax")
@@ -171,8 +171,14 @@ def analyse(scores: dict[str, dict[str, dict[str, float]]], confidence: float = 
                 **interval.as_dict(),
                 "reading": reading(interval, "pre-training helps", "pre-training hurts"),
             }
+    primary = deltas["worst_gain"]
+    detectable = None
+    if primary["df"] >= 1 and primary["std"] is not None:  # 80 % power, two-sided 5 % test (the protocol's formula)
+        quantiles = t_quantile(0.5 + confidence / 2, primary["df"]) + t_quantile(0.8, primary["df"])
+        detectable = quantiles * primary["std"] / len(seeds) ** 0.5
     return {
         "seeds": seeds,
+        "detectable_effect": detectable,
         "rows": rows,
         "deltas": deltas,
         "against_random_init": against_random,
@@ -377,7 +383,13 @@ def render_sections(payload: dict[str, Any]) -> list[str]:
         f"Mean Δ {_interval_text(primary)} "
         + (f"(95 % t-interval, df = {primary['df']}, {n} pre-training seeds)" if n > 1 else "(1 pre-training seed)")
         + f": **{analysis['decision']}** (protocol: minimax better if the interval's lower bound > 0, worse if its "
-        "upper bound < 0, else no difference shown).",
+        "upper bound < 0, else no difference shown)."
+        + (
+            ""
+            if analysis["detectable_effect"] is None
+            else f" Observed sd Δ {primary['std']:.2f}: with {n} seeds the design detects (80 % power, two-sided 5 %) "
+            f"a mean Δ of about {analysis['detectable_effect']:.1f} points."
+        ),
         "",
         "## Pre-training configuration",
         "",

@@ -54,6 +54,8 @@ def test_worst_gain_paired_by_pretraining_seed_with_df_seeds_minus_one() -> None
     assert primary["low"] == pytest.approx(2 - T_DF2 / math.sqrt(3))
     assert primary["high"] == pytest.approx(2 + T_DF2 / math.sqrt(3))
     assert analysis["decision"] == primary["reading"] == "no difference shown"
+    t80_df2 = 0.6 / math.sqrt(2 * 0.8 * 0.2)  # t quantile 0.8 with 2 df, closed form (1.0607)
+    assert analysis["detectable_effect"] == pytest.approx((T_DF2 + t80_df2) * 1 / math.sqrt(3))  # 3.10 sd
     # depth: differences 1, 3, 4 (mean 8/3, variance 7/3); segmentation 1, 0, 1
     depth = analysis["deltas"]["depth"]
     assert depth["mean"] == pytest.approx(8 / 3) and depth["std"] == pytest.approx(math.sqrt(7 / 3))
