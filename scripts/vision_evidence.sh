@@ -2,7 +2,7 @@
 # Evidence for the README's vision table: MM-MAE pre-training with average vs minimax weighting (vision demo config,
 # 2 seeds), then the dense suite (semseg, depth, classification; 2 fine-tuning seeds) on the 4 checkpoints and a
 # random-init row (the same architecture without pre-training) (primary: 2 fine-tuning epochs; secondary check: 8
-# epochs), then the tables in benchmarks/results/vision_evidence.{md,json}.
+# epochs), then the tables in benchmarks/results/vision_evidence_v1.{md,json}.
 # About 45-60 minutes on 2 CPU cores shared with other jobs. Protocol: scripts/vision_evidence_protocol.md.
 #
 #   bash scripts/vision_evidence.sh [OUT]          (OUT defaults to outputs/vision-evidence)
@@ -44,7 +44,7 @@ suite suite-8ep 8
   --suite "Downstream, secondary check: 8 fine-tuning epochs" "$OUT/suite-8ep" \
   --timings "$OUT/timings.txt" --commands "$OUT/commands.txt" --protocol scripts/vision_evidence_protocol.md \
   --label "$RANDOM_INIT" "random init (no pre-training)" ${NOTES:+--notes "$NOTES"} \
-  --out benchmarks/results/vision_evidence
-"$PY" scripts/vision_evidence.py random-init --out benchmarks/results/vision_evidence \
+  --out benchmarks/results/vision_evidence_v1
+"$PY" scripts/vision_evidence.py random-init --out benchmarks/results/vision_evidence_v1 \
   --suite "Primary: 2 fine-tuning epochs" "$OUT/suite" --suite "Secondary check: 8 fine-tuning epochs" "$OUT/suite-8ep"
-echo "wrote benchmarks/results/vision_evidence.md and .json"
+echo "wrote benchmarks/results/vision_evidence_v1.md and .json"
