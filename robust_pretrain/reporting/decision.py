@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from robust_pretrain.reporting.plots import plot_decision
-from robust_pretrain.reporting.statistics import Interval, paired_interval
+from robust_pretrain.reporting.statistics import Interval, detectable_difference, paired_interval, pairs_to_detect
 
 ENDPOINTS = {
     "worst_domain_loss": "the worst domain's held-out loss (nats)",
@@ -36,6 +36,10 @@ RULE = (
     "the margin' if it lies below 0 with a smaller gain; 'hurts' if it lies above 0; 'no effect of that size' if it "
     "lies within +-{margin}; else 'inconclusive'"
 )
+#: the power at which the card states the smallest difference a design detects (reported, not part of the rule)
+POWER = 0.8
+#: the most seeds the card counts when it says how many the margin needs
+MOST_SEEDS = 1000
 
 
 def endpoint_value(losses: Mapping[str, float], endpoint: str) -> float:
@@ -80,9 +84,44 @@ def summarise(losses: Mapping[str, Mapping[int, Mapping[str, float]]], protocol:
                 "difference": interval.as_dict(),
                 "unpaired_seeds": unpaired,
                 "verdict": rule_verdict(interval, protocol["margin"]),
+                **design(interval, protocol["margin"]),
             }
         arms[arm] = entry
     return {"endpoint": endpoint, "baseline": baseline, "domains": domains, "arms": arms}
+
+
+def design(interval: Interval, margin: float) -> dict[str, Any]:
+    """What the seeds can tell at this spread of the paired differences: the smallest mean difference they detect with
+    :data:`POWER` and the seeds the margin would need; nothing for a single pair or no spread."""
+    if not interval.std:
+        return {}
+    return {
+        "detectable_difference": detectable_difference(interval.std, interval.n, interval.confidence, POWER),
+        "seeds_for_margin": pairs_to_detect(interval.std, margin, interval.confidence, POWER, MOST_SEEDS),
+    }
+
+
+def seeds_needed(count: int) -> str:
+    """A count from :func:`pairs_to_detect`, its 'out of reach' value in words."""
+    return f"more than {MOST_SEEDS}" if count > MOST_SEEDS else str(count)
+
+
+def design_line(summary: Mapping[str, Any], protocol: Mapping[str, Any]) -> str:
+    """One sentence per card: per arm, the smallest difference its seeds detect and the seeds the margin needs."""
+    parts = [
+        f"`{arm}` {e['detectable_difference']:.3f} nats (sd {e['difference']['std']:.3f}; the margin needs "
+        f"{seeds_needed(e['seeds_for_margin'])} seeds)"
+        for arm, e in summary["arms"].items()
+        if "detectable_difference" in e
+    ]
+    if not parts:
+        return "Smallest detectable difference: no arm has a spread over seeds to estimate it from."
+    return (
+        f"Smallest mean difference these seeds detect ({POWER:.0%} power, two-sided at {protocol['confidence']:.0%}, "
+        f"from the spread of each arm's paired differences; the margin is {protocol['margin']} nats): "
+        + ", ".join(parts)
+        + "."
+    )
 
 
 def winner(summary: Mapping[str, Any]) -> str | None:
@@ -93,7 +132,7 @@ def winner(summary: Mapping[str, Any]) -> str | None:
 
 def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], smallest: list[str]) -> str:
     """The card of a decision: the rule, one row per arm (per-domain mean loss, mean, worst, the paired difference
-    and its verdict), the smallest domains named."""
+    and its verdict), the smallest domains named, and what the seeds can detect (:func:`design_line`)."""
     domains, baseline = summary["domains"], summary["baseline"]
     lines = [
         "# Does it beat a static mixture on these domains?",
@@ -122,6 +161,7 @@ def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], s
         )
     best = winner(summary)
     lines += ["", f"Winner: `{best}`." if best else "No arm helps by the rule: keep the baseline.", ""]
+    lines += [design_line(summary, protocol), ""]
     return "\n".join(lines)
 
 

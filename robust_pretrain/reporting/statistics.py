@@ -96,6 +96,26 @@ def verdict(interval: Interval, smallest_effect: float) -> str:
     return INCONCLUSIVE
 
 
+def detectable_difference(std: float, n: int, confidence: float = 0.95, power: float = 0.8) -> float:
+    """The smallest mean paired difference that ``n`` pairs with spread ``std`` detect with probability ``power`` in a
+    two-sided t-test at ``confidence``: ``(t_{(1+confidence)/2, n-1} + t_{power, n-1}) * std / sqrt(n)`` (the usual
+    approximation of the noncentral t)."""
+    if n < 2:
+        raise ValueError(f"a detectable difference needs at least 2 pairs, got {n}")
+    return (t_quantile(0.5 + confidence / 2, n - 1) + t_quantile(power, n - 1)) * std / math.sqrt(n)
+
+
+def pairs_to_detect(std: float, effect: float, confidence: float = 0.95, power: float = 0.8, most: int = 1000) -> int:
+    """The fewest pairs whose :func:`detectable_difference` at spread ``std`` is at most ``effect`` (> 0), up to
+    ``most``; ``most + 1`` when even ``most`` pairs do not reach it."""
+    if effect <= 0:
+        raise ValueError(f"effect must be > 0, got {effect}")
+    for n in range(2, most + 1):
+        if detectable_difference(std, n, confidence, power) <= effect:
+            return n
+    return most + 1
+
+
 def mean_std(values: Sequence[float]) -> dict[str, float]:
     """``{"mean", "std"}`` of ``values``: the sample standard deviation, 0 for a single value."""
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
