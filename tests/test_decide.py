@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +251,12 @@ def test_the_real_recipe_end_to_end_and_a_rerun_reuses_every_cell(tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in root.glob("cells/**/task_report.json")}
     assert decide.run(argv) == json.loads(json.dumps(summary))  # the same verdict from the reused cells
     assert {p: p.stat().st_mtime_ns for p in root.glob("cells/**/task_report.json")} == stamps
+    # across sessions (scripts/decide_evidence_state.py): only the JSON state is kept; restored into an empty
+    # folder at the same path, every cell is reused from its report alone: nothing trains, the verdict is the same
+    state, script = tmp_path / "state", Path(__file__).parents[1] / "scripts" / "decide_evidence_state.py"
+    subprocess.run([sys.executable, script, "save", root, state], check=True)
+    root.rename(tmp_path / "first-session")
+    subprocess.run([sys.executable, script, "restore", root, state], check=True)
+    assert not list(root.rglob("*.safetensors"))
+    assert decide.run(argv) == json.loads(json.dumps(summary))
+    assert not list(root.rglob("*.safetensors"))
