@@ -185,6 +185,10 @@ def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
     assert exported["provenance"]["arm"] == "minimax" and exported["provenance"]["tokenizer_sha256"] == "t"
     card = (root / "decision.md").read_text()
     assert "Winner: `minimax`." in card and "Smallest domains (natural share): code (0.030), email (0.370)" in card
+    # what each arm drew: minimax its time-averaged weights, the others the mixture they drew from
+    assert summary["arms"]["minimax"]["drawn_weights"] == pytest.approx({"answers": 0.2, "email": 0.2, "code": 0.6})
+    assert summary["arms"]["doremi"]["drawn_weights"] == pytest.approx({"answers": 0.6, "email": 0.37, "code": 0.03})
+    assert "| minimax | 0.200 | 0.200 | 0.600 |" in card and "| natural | 0.600 | 0.370 | 0.030 |" in card
     assert (root / "decision.png").stat().st_size > 0
 
 

@@ -187,16 +187,21 @@ def run_cells(
     return reports
 
 
+def drawn_weights(runs: list[dict[str, Any]]) -> tuple[dict[str, float], str]:
+    """An arm's domain weights: the mean over its seeds of what its runs drew (their time-averaged weights, else the
+    mixture they drew from), and the report key they came from."""
+    key = "time_averaged_weights" if runs[0].get("time_averaged_weights") else "mixture_weights"
+    return {name: sum(run[key][name] for run in runs) / len(runs) for name in runs[0]["tasks"]}, key
+
+
 def export_winner(root: Path, best: str | None, reports: dict[str, dict[int, dict[str, Any]]]) -> None:
-    """The winning arm's domain weights (mean over seeds of what its runs drew) with the first seed's provenance."""
+    """The winning arm's :func:`drawn_weights` with the first seed's provenance."""
     target = root / "winner_weights.json"
     if best is None:
         target.unlink(missing_ok=True)
         return
     runs = list(reports[best].values())
-    key = "time_averaged_weights" if runs[0].get("time_averaged_weights") else "mixture_weights"
-    domains = runs[0]["tasks"]
-    weights = {name: sum(run[key][name] for run in runs) / len(runs) for name in domains}
+    weights, key = drawn_weights(runs)
     content = {"weights": weights, "provenance": {**runs[0]["provenance"], "arm": best, "weights_from": key}}
     target.write_text(json.dumps(content, indent=2) + "\n")
 
@@ -217,7 +222,8 @@ def decide(args: DecideArguments, passed: list[str], run: CellRunner) -> dict[st
     protocol = fix_protocol(root, protocol)
     reports = run_cells(root, arms, args, options, extra, run)
     losses = {arm: {seed: report["eval_task_loss"] for seed, report in runs.items()} for arm, runs in reports.items()}
-    summary = summarise(losses, protocol)
+    drawn = {arm: drawn_weights(list(runs.values()))[0] for arm, runs in reports.items()}
+    summary = summarise(losses, protocol, drawn)
     natural_shares = reports["natural"][args.seeds[0]]["mixture_weights"]
     smallest = [f"{name} ({natural_shares[name]:.3f})" for name in sorted(natural_shares, key=natural_shares.get)[:2]]
     write_decision(root, summary, protocol, smallest)

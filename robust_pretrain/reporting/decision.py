@@ -62,9 +62,14 @@ def rule_verdict(interval: Interval, margin: float) -> str:
     return INCONCLUSIVE
 
 
-def summarise(losses: Mapping[str, Mapping[int, Mapping[str, float]]], protocol: Mapping[str, Any]) -> dict[str, Any]:
-    """``losses[arm][seed][domain]`` -> per arm: per-domain means, the endpoint per seed, and (other than the
-    baseline) the paired interval against the baseline and its verdict."""
+def summarise(
+    losses: Mapping[str, Mapping[int, Mapping[str, float]]],
+    protocol: Mapping[str, Any],
+    drawn: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, Any]:
+    """``losses[arm][seed][domain]`` -> per arm: per-domain means, the endpoint per seed, the domain weights it drew
+    (``drawn[arm]``, when given), and (other than the baseline) the paired interval against the baseline, its verdict
+    and what the seeds can detect (:func:`design`)."""
     endpoint, baseline, confidence = protocol["endpoint"], protocol["baseline"], protocol["confidence"]
     domains = list(next(iter(losses[baseline].values())))
     per_seed = {arm: {str(s): endpoint_value(d, endpoint) for s, d in seeds.items()} for arm, seeds in losses.items()}
@@ -78,6 +83,8 @@ def summarise(losses: Mapping[str, Mapping[int, Mapping[str, float]]], protocol:
             "mean_domain_loss": statistics.fmean(means.values()),
             "endpoint_per_seed": per_seed[arm],
         }
+        if drawn is not None:
+            entry["drawn_weights"] = dict(drawn[arm])
         if arm != baseline:
             interval, unpaired = paired_interval(per_seed[baseline], per_seed[arm], confidence)
             entry |= {
@@ -130,9 +137,20 @@ def winner(summary: Mapping[str, Any]) -> str | None:
     return min(helping, key=helping.__getitem__) if helping else None
 
 
+def drawn_table(summary: Mapping[str, Any]) -> list[str]:
+    """The card's lines for the domain weights each arm drew (none when the summary has no drawn weights)."""
+    domains, arms = summary["domains"], summary["arms"]
+    if not all("drawn_weights" in entry for entry in arms.values()):
+        return []
+    rows = [f"| {a} | " + " | ".join(f"{e['drawn_weights'][d]:.3f}" for d in domains) + " |" for a, e in arms.items()]
+    header = ["| arm | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
+    return ["", "Domain weights each arm drew (mean over seeds):", "", *header, *rows]
+
+
 def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], smallest: list[str]) -> str:
     """The card of a decision: the rule, one row per arm (per-domain mean loss, mean, worst, the paired difference
-    and its verdict), the smallest domains named, and what the seeds can detect (:func:`design_line`)."""
+    and its verdict), the smallest domains named, the domain weights each arm drew, and what the seeds can detect
+    (:func:`design_line`)."""
     domains, baseline = summary["domains"], summary["baseline"]
     lines = [
         "# Does it beat a static mixture on these domains?",
@@ -159,6 +177,7 @@ def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], s
         lines.append(
             f"| {arm} | {' | '.join(cells)} | {entry['mean_domain_loss']:.3f} | {worst} | {compared} | {verdict} |"
         )
+    lines += drawn_table(summary)
     best = winner(summary)
     lines += ["", f"Winner: `{best}`." if best else "No arm helps by the rule: keep the baseline.", ""]
     lines += [design_line(summary, protocol), ""]
