@@ -330,5 +330,5 @@ def plot_decision(summary: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(min(min(summary["arms"][a]["domain_loss"].values()) for a in arms) * 0.95, None)
     ax.set_ylabel("held-out loss (nats), lower is better")
     ax.set_title("per-domain held-out loss per arm (bar: mean over seeds; dots: seeds)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes: no dot hidden
     return _save(fig, path, dpi=110)
