@@ -49,7 +49,15 @@ Usage (the PoS recipe: ``--masking per_example --task_sampling online --weightin
 Sampling with fixed weights ``q`` toward an objective ``w`` (:class:`ImportanceWeighting`): with every sequence of
 one task (data domains, :class:`~robust_pretrain.data.domains.DomainCollator`) and of the same number of targets,
 ``sum_t (w_t / q_t) S_t / N`` over a step of ``N`` targets (``S_t``: task t's loss sum) has the expected gradient of
-``sum_t w_t L_t``, ``L_t`` the mean loss of task t's sequences; ``w = q`` is the plain mean.
+``sum_t w_t L_t``, ``L_t`` the mean loss of task t's sequences; ``w = q`` is the plain mean. This holds exactly
+when ``w`` does not depend on which tasks the step drew: the objective weighs every task at every step (a task the
+step did not draw keeps its weight, from its last loss estimate, as with ``weigh_absent_tasks``; a loss-driven ``w``
+renormalised over the drawn tasks is biased, 0.43 in total for 3 domains at batch 6 in
+``tests/test_importance_weighting.py``), and every ``q_t`` is at least ``MIN_IMPORTANCE_SHARE / T`` (a task drawn
+less often is refused: in practice it would never be drawn and would leave the objective). A loss-driven ``w`` is
+computed from the step's own losses: the expectation is over the draws for the weights the step computes (constants
+of the step, as for every objective here), not over the losses' noise. Proportional weights (the batch's own shares)
+are refused as the objective or the sampler.
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ from robust_pretrain.weighting import ProportionalWeighting, Weighting
 
 #: optimizer steps between the step whose weights a batch uses and the step the batch trains
 SAMPLING_LAG = 2
+#: importance weighting refuses a task whose sampling weight is below this share of the uniform one (``q_t * T``)
+MIN_IMPORTANCE_SHARE = 1e-3
 
 
 class TaskSamplingSchedule:
@@ -168,14 +178,41 @@ class TaskSamplingSchedule:
             self.publish(step, weights)
 
 
-def refuse_learned_sampler(strategy: Weighting) -> None:
-    """Refuse a strategy whose weights are learned through the weighted objective, which sampling replaces."""
-    if strategy.parameters() or strategy.needs_grad_norms:
-        raise ValueError(
-            f"{type(strategy).__name__} cannot drive task sampling: its weights are learned through the weighted "
-            "objective, which task sampling replaces; use a loss-driven strategy (minimax, hardmax, group_dro, dwa, "
-            "morbit, average)"
+def refuse_learned_sampler(strategy: Weighting, name: str | None = None) -> None:
+    """Refuse a strategy whose weights are learned through the weighted objective, which sampling replaces, or are
+    the batch's own task shares (``proportional``: drawing by them feeds the draws back into the weights)."""
+    if strategy.parameters() or strategy.needs_grad_norms or strategy.needs_task_counts:
+        reason = (
+            "its weights are the batch's own task shares, so drawing by them (or correcting draws toward them) feeds "
+            "the draws back into the weights"
+            if strategy.needs_task_counts
+            else "its weights are learned through the weighted objective, which task sampling replaces"
         )
+        raise ValueError(
+            f"{name or type(strategy).__name__} cannot drive task sampling: {reason}; use a loss-driven strategy "
+            "(minimax, hardmax, group_dro, dwa, morbit, average)"
+        )
+
+
+def check_importance_sampling(
+    sampling_weights: torch.Tensor | list[float], names: list[str] | None = None, option: str = "task_sampling_weights"
+) -> torch.Tensor:
+    """The normalised sampling weights ``q`` of importance weighting; refuse a task drawn with ``q_t * T`` below
+    :data:`MIN_IMPORTANCE_SHARE` (0 or tiny: the task is, in practice, never drawn and leaves the objective)."""
+    q = torch.as_tensor(sampling_weights, dtype=torch.float64)
+    if q.ndim != 1 or not bool(torch.isfinite(q).all()) or bool((q < 0).any()) or not q.sum() > 0:
+        raise ValueError(f"{option}: finite values >= 0, not all 0, got {q.tolist()}")
+    q = q / q.sum()
+    floor = MIN_IMPORTANCE_SHARE / len(q)
+    rare = [(names[t] if names else f"task {t}", float(q[t])) for t in range(len(q)) if q[t] < floor]
+    if rare:
+        listed = ", ".join(f"{name}: {share:.3g}" for name, share in rare)
+        raise ValueError(
+            f"{option}: importance weighting draws every task, but {listed} (normalised) is below "
+            f"{floor:.3g} = {MIN_IMPORTANCE_SHARE:g} / {len(q)} tasks: it is (almost) never drawn and leaves the "
+            "objective; raise its sampling weight or drop the task"
+        )
+    return q
 
 
 class TaskSamplingWeighting(ProportionalWeighting):
@@ -230,15 +267,16 @@ class TaskSamplingWeighting(ProportionalWeighting):
 class ImportanceWeighting(ProportionalWeighting):
     """Objective of drawing tasks with fixed weights ``q`` toward the weights ``w`` of ``objective``: task t's mean
     gets the weight ``(w_t / q_t) * N_t / N``, so the step minimises ``sum_t (w_t / q_t) S_t / N`` (each target's
-    loss times ``w_t / q_t``, the sum divided by the step's ``N`` targets; module docstring)."""
+    loss times ``w_t / q_t``, the sum divided by the step's ``N`` targets; module docstring). ``w`` weighs every task
+    at every step (a task the step did not draw from its last estimate), so its expected weights are ``w``."""
 
     def __init__(self, objective: Weighting, sampling_weights: torch.Tensor | list[float]) -> None:
         refuse_learned_sampler(objective)
-        q = torch.as_tensor(sampling_weights, dtype=torch.float64)
-        if q.shape != (objective.num_tasks,) or not bool(torch.isfinite(q).all()) or (q < 0).any() or q.sum() <= 0:
-            raise ValueError(f"sampling weights: {objective.num_tasks} finite values >= 0, not all 0, got {q.tolist()}")
+        if len(sampling_weights) != objective.num_tasks:
+            raise ValueError(f"sampling weights: one per task ({objective.num_tasks}), got {list(sampling_weights)}")
+        q = check_importance_sampling(sampling_weights, option="sampling weights")
         super().__init__(objective.num_tasks)
-        self.objective, self.sampling_weights = objective, (q / q.sum()).float()
+        self.objective, self.sampling_weights = objective, q.float()
 
     def weights(
         self,
@@ -250,10 +288,11 @@ class ImportanceWeighting(ProportionalWeighting):
         reference_losses: torch.Tensor | None = None,
     ) -> torch.Tensor:
         extra = {} if reference_losses is None else {"reference_losses": reference_losses}
-        target = self.objective.weights(task_losses, present, observed, task_counts=task_counts, **extra)
+        measured = present if observed is None else observed & present
+        every_task = torch.ones(self.num_tasks, dtype=torch.bool)  # w must not depend on the draw (module docstring)
+        target = self.objective.weights(task_losses, every_task, measured, task_counts=task_counts, **extra)
         shares = super().weights(task_losses, present, observed, task_counts=task_counts)
-        q = self.sampling_weights
-        return torch.where(q > 0, target / q.clamp_min(torch.finfo(q.dtype).tiny), 0.0) * shares
+        return target / self.sampling_weights * shares
 
     def log_values(self) -> dict[str, float]:
         return self.objective.log_values()
@@ -321,12 +360,14 @@ def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Ge
 
 
 __all__ = [
+    "MIN_IMPORTANCE_SHARE",
     "SAMPLING_LAG",
     "FixedWeighting",
     "ImportanceWeighting",
     "TaskSamplingCallback",
     "TaskSamplingSchedule",
     "TaskSamplingWeighting",
+    "check_importance_sampling",
     "draw_tasks",
     "refuse_learned_sampler",
 ]

@@ -13,6 +13,7 @@ from transformers import TrainingArguments
 from .cli import check_checkpoint
 from .options import Accepted, check_options, declare_inherited, declared_defaults, option
 from .reference import PROVENANCE_ENTRIES, ReferenceRun
+from .task_sampling import check_importance_sampling, refuse_learned_sampler
 from .weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options, build_weighting
 
 logger = logging.getLogger(__name__)
@@ -234,7 +235,9 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(names)
         self.task_names = names
         self._check_for_tasks(len(names))
-        return self.build_weighting()
+        strategy = self.build_weighting()
+        self._check_sampling(strategy)  # task_sampling_weights may have been set since (a recipe's file)
+        return strategy
 
     def _check_sampling(self, strategy: Weighting) -> None:
         """The task-sampling options, with ``strategy`` built from these arguments."""
@@ -247,13 +250,10 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError("importance_weighting: corrects the draws of task_sampling='fixed', and only those")
         if self.task_sampling == "online" and self.reference_model is not None:
             raise ValueError("task_sampling='online' minimises the plain mean: it cannot use reference_model")
-        learned = bool(strategy.parameters()) or strategy.needs_grad_norms
-        if learned and (self.task_sampling == "online" or self.importance_weighting):
-            raise ValueError(
-                f"weighting={self.weighting!r} cannot drive task sampling: its weights are learned through the "
-                "weighted objective, which sampling replaces; use a loss-driven strategy (minimax, hardmax, "
-                "group_dro, dwa, morbit, average)"
-            )
+        if self.task_sampling == "online" or self.importance_weighting:
+            refuse_learned_sampler(strategy, f"weighting={self.weighting!r}")
+        if self.importance_weighting and weights is not None and len(weights) == strategy.num_tasks:
+            check_importance_sampling(weights, self.task_names or None)
 
     def _check_reference(self) -> None:
         """Check the reference options (:meth:`bind_tasks` takes ``reference_run``'s losses for the tasks)."""

@@ -164,6 +164,18 @@ def test_equal_excess_keeps_a_rare_domain_at_its_uniform_share() -> None:
     assert sagawa[3] < 0.1 and present_only[3] < 0.1
 
 
+def test_the_step_size_scales_the_exponent() -> None:
+    """eta = 0.5, c = 0.1, two domains with excess (ln 4, 0) at both steps (reference 0): ``exp(0.5 ln 4) = 2``, so
+    step 1 gives ``0.9 * (2, 1) / 3 + 0.05 = (0.65, 0.35)`` and step 2 ``0.9 * (1.3, 0.35) / 1.65 + 0.05 =
+    (0.759091, 0.240909)`` (eta = 1 would give (0.77, 0.23) at step 1)."""
+    doremi = build_weighting(
+        "doremi", 2, loss_normalization="excess", reference_losses=[0.0, 0.0], dro_step_size=0.5, dro_smoothing=0.1
+    )
+    losses, both = torch.tensor([np.log(4.0), 0.0]), torch.ones(2, dtype=torch.bool)
+    assert doremi.weights(losses, both).tolist() == pytest.approx([0.65, 0.35], abs=1e-6)
+    assert doremi.weights(losses, both).tolist() == pytest.approx([0.9 * 1.3 / 1.65 + 0.05, 0.9 * 0.35 / 1.65 + 0.05])
+
+
 def test_a_resumed_doremi_continues_exactly() -> None:
     """The state (estimates, the smoothed weights) survives JSON: the resumed strategy's next weights are the
     uninterrupted one's, bit for bit."""

@@ -13,7 +13,7 @@ from typing import Any
 from robust_pretrain.cli import UsageError
 from robust_pretrain.options import check_options, option
 from robust_pretrain.pretraining.common import training_settings
-from robust_pretrain.task_sampling import FixedWeighting
+from robust_pretrain.task_sampling import FixedWeighting, check_importance_sampling
 from robust_pretrain.training_args import MinimaxTrainingArguments
 
 DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, key/value heads, intermediate
@@ -115,6 +115,8 @@ class DomainDataArguments:
             raise UsageError("--dataset_name / --train_file need --domain_column (the column naming each domain)")
         if self.domain_column is not None and not (self.dataset_name or self.train_file):
             raise UsageError("--domain_column names a column of --dataset_name or --train_file: give one of them")
+        if self.stream_shuffle_buffer and not self.streaming:
+            raise UsageError("--stream_shuffle_buffer shuffles domain streams: it needs --streaming true")
 
 
 def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
@@ -151,24 +153,26 @@ def run_settings(
     return settings
 
 
-def read_domain_weights(path: str, names: list[str]) -> tuple[list[float], dict[str, Any] | None]:
-    """The weights (in domain order) and provenance (``None``: none recorded) of a domain-weights file; refuse one
-    whose domains differ."""
+def read_domain_weights(
+    path: str, names: list[str], option: str = "--domain_weights"
+) -> tuple[list[float], dict[str, Any] | None]:
+    """The weights (in domain order) and provenance (``None``: none recorded) of a domain-weights file (given as
+    ``option``, which errors name); refuse one whose domains differ."""
     try:
         content = json.loads(Path(path).read_text())
         weights = content["weights"]
         values = [float(weights[name]) for name in weights]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UsageError(f'--domain_weights {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
+        raise UsageError(f'{option} {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
     if sorted(weights) != sorted(names):
-        raise UsageError(f"--domain_weights {path} has the domains {sorted(weights)}, this run {sorted(names)}")
+        raise UsageError(f"{option} {path} has the domains {sorted(weights)}, this run {sorted(names)}")
     not_numbers = {name: value for name, value in weights.items() if type(value) not in (int, float)}
     if not_numbers:  # float() would take "0.5" and True
-        raise UsageError(f"--domain_weights {path}: weights must be JSON numbers, got {not_numbers}")
+        raise UsageError(f"{option} {path}: weights must be JSON numbers, got {not_numbers}")
     if any(not value >= 0 or value == float("inf") for value in values) or sum(values) <= 0:
-        raise UsageError(f"--domain_weights {path}: weights must be finite, >= 0 and not all 0, got {weights}")
+        raise UsageError(f"{option} {path}: weights must be finite, >= 0 and not all 0, got {weights}")
     if not math.isfinite(sum(values)):  # the draws normalise by the sum
-        raise UsageError(f"--domain_weights {path}: the weights' sum overflows ({weights}); scale them down")
+        raise UsageError(f"{option} {path}: the weights' sum overflows ({weights}); scale them down")
     return [float(weights[name]) for name in names], content.get("provenance")
 
 
@@ -180,6 +184,11 @@ def domain_weights(
     if data_args.domain_weights is None:
         return None, None
     weights, provenance = read_domain_weights(data_args.domain_weights, names)
+    if training_args.importance_weighting:
+        try:
+            check_importance_sampling(weights, names, f"--domain_weights {data_args.domain_weights}")
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     if not data_args.streaming:
         sample_from_file(training_args, weights)
     return weights, provenance
@@ -189,4 +198,4 @@ def objective_weighting(data_args: DomainDataArguments, names: list[str]) -> Fix
     """The objective of ``--objective_weights`` (``None``: the ``--weighting`` strategy's)."""
     if data_args.objective_weights is None:
         return None
-    return FixedWeighting(len(names), read_domain_weights(data_args.objective_weights, names)[0])
+    return FixedWeighting(len(names), read_domain_weights(data_args.objective_weights, names, "--objective_weights")[0])
