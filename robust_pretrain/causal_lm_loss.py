@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from .task_losses import refuse_on_device
+from .task_losses import check_class_ids, refuse_on_device
 
 logger = logging.getLogger(__name__)
 
@@ -379,6 +379,7 @@ class ChunkedNextTokenLoss:
                 f"{OPTION}: the output embeddings of {self.model_name} are sharded in an FSDP unit of their own; "
                 f"shard them with the root module (leave lm_head out of the wrap policy) or set {OPTION}=0"
             )
+        check_class_ids(targets, module.weight.shape[0])
         selected = hidden[mask] if positions is None else hidden.flatten(0, 1).index_select(0, positions)
         chunk_size = self.chunk_size or default_chunk_size(selected.shape[0], *module.weight.shape)
         if self.chunk_size is None and chunk_size != self.last_chunk_size:

@@ -23,6 +23,14 @@ def refuse_on_device(bad: torch.Tensor, message: str) -> None:
         raise ValueError(message) from err
 
 
+def check_class_ids(labels: torch.Tensor, classes: int) -> None:
+    """Refuse (:func:`refuse_on_device`: no sync) a target label outside ``0..classes - 1``."""
+    refuse_on_device(
+        ((labels < 0) | (labels >= classes)).any(),
+        f"labels: a target's class id is outside 0..{classes - 1}, the classes of the logits (the vocabulary)",
+    )
+
+
 class TaskTargets:
     """The targets of one micro-batch and their tasks, computed once and shared by the counting, the forward pass and
     the per-task reduction.
@@ -44,6 +52,8 @@ class TaskTargets:
         num_tasks: int,
         found: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
+        if task_ids.is_floating_point() or task_ids.dtype == torch.bool or task_ids.is_complex():
+            raise ValueError(f"task_ids must be integers (0..{num_tasks - 1}, or {IGNORE_INDEX}), got {task_ids.dtype}")
         if task_ids.shape != labels.shape:
             if task_ids.dim() != 1 or task_ids.shape[0] != labels.shape[0]:
                 raise ValueError(
@@ -163,11 +173,7 @@ def per_target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothin
         if label_smoothing:
             raise ValueError("label_smoothing_factor applies to class labels; these labels are float targets")
         return (logits.float().reshape(labels.shape) - labels.float()).pow(2)
-    classes = logits.shape[-1]
-    refuse_on_device(
-        ((labels < 0) | (labels >= classes)).any(),
-        f"labels: a target's class id is outside 0..{classes - 1}, the classes of the logits (the vocabulary)",
-    )
+    check_class_ids(labels, logits.shape[-1])
     return F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=label_smoothing)
 
 

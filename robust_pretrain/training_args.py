@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
+from transformers.training_args import ParallelMode
 
 from .cli import check_checkpoint
 from .options import Accepted, check_options, declare_inherited, declared_defaults, option
@@ -30,6 +32,26 @@ def use_cpu_when_launched_without_accelerator(args: TrainingArguments) -> None:
     if processes > 1 and not args.use_cpu and not torch.accelerator.is_available():
         logger.info("%d processes and no accelerator: use_cpu=True (DDP over gloo)", processes)
         args.use_cpu = True
+
+
+def refuse_missing_deepspeed(args: TrainingArguments) -> None:
+    """Refuse ``deepspeed`` when DeepSpeed is not installed (Transformers fails with a traceback). Call before
+    ``TrainingArguments.__post_init__``."""
+    if args.deepspeed and importlib.util.find_spec("deepspeed") is None:
+        raise ValueError(
+            f"deepspeed {args.deepspeed}: DeepSpeed is not installed; install it (pip install deepspeed, on a machine "
+            "with GPUs) or drop --deepspeed"
+        )
+
+
+def refuse_single_process_fsdp(args: TrainingArguments) -> None:
+    """Refuse ``fsdp`` in a run of one process (Transformers fails with a traceback when the trainer is built, after
+    the data work). Call after ``TrainingArguments.__post_init__``."""
+    if args.fsdp and not args.fsdp_config.get("xla", False) and args.parallel_mode != ParallelMode.DISTRIBUTED:
+        raise ValueError(
+            "fsdp: FSDP shards the model over processes and this run has one; launch 2 or more (torchrun "
+            "--nproc_per_node N, accelerate launch --num_processes N) or drop --fsdp"
+        )
 
 
 # What the TrainingArguments fields that a run reads accept (TrainingArguments itself checks few of them).
@@ -166,10 +188,13 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"weighting: unknown strategy {self.weighting!r}; choose one of {sorted(WEIGHTINGS)}")
         check_options(self)
         use_cpu_when_launched_without_accelerator(self)
+        refuse_missing_deepspeed(self)
         super().__post_init__()
-        if isinstance(self.task_names, str) or not all(isinstance(name, str) for name in self.task_names or []):
+        refuse_single_process_fsdp(self)
+        if isinstance(self.task_names, str | None) or not all(isinstance(name, str) for name in self.task_names):
             raise ValueError(
-                f"task_names must be a sequence of strings, e.g. ['verb', 'noun'], got {self.task_names!r}"
+                f"task_names must be a sequence of strings, e.g. ['verb', 'noun'], got {self.task_names!r} (leave it "
+                "out to take the tasks from the data collator or the model)"
             )
         if len(set(self.task_names)) != len(self.task_names):
             raise ValueError(f"task_names: names must be unique, got {self.task_names}")
@@ -208,7 +233,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
                 f"alpha_auto_k {self.alpha_auto_k:g} exceeds the {tasks} tasks: the weights would be uniform "
                 f"(weighting='average'); choose a target in [1, {tasks}]"
             )
-        if tasks == 1 and self.weighting not in ("average", "proportional"):
+        if tasks == 1 and self.weighting not in ("average", "proportional") and not vars(self).get("_warned_one_task"):
+            self._warned_one_task = True  # bound again by the trainer: said once
             logger.warning(
                 "task_names %s: one task, so weighting=%r has no other task to weigh against: the run is plain "
                 "(not worst-case) training",

@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 from processes import checkout_env
 from test_recipe_pretrain import DEMO_CONFIG, MINILM
+from tiny_causal_lm import VOCAB as DECODER_VOCAB
 from tiny_training import TASKS, VOCAB, masked_examples, one_step_args, tiny_bert
 from tiny_vision import tiny_config
 from transformers import AutoTokenizer
@@ -641,7 +642,69 @@ API_CASES: list[tuple[str, Callable[[Path], object], type[Exception], str]] = [
         ValueError,
         "alpha_auto_k 2.5 exceeds the 2 tasks",
     ),  # fmt: skip
+    # issue 39: the Python API
+    (
+        "task_names None",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_names=None),
+        ValueError,
+        "task_names must be a sequence of strings, e.g. ['verb', 'noun'], got None",
+    ),  # fmt: skip
+    (
+        "float task ids",
+        lambda tmp: _one_step(tmp, lambda batch: {**batch, "task_ids": batch["task_ids"].float()}),
+        ValueError,
+        "task_ids must be integers (0..2, or -100), got torch.float32",
+    ),  # fmt: skip
+    (
+        "decoder label = vocabulary size",
+        lambda tmp: _decoder_trainer(
+            tmp, lambda ex: {**ex, "labels": ex["labels"].where(ex["labels"] < 0, DECODER_VOCAB)}
+        ).train(),
+        ValueError,
+        f"labels: a target's class id is outside 0..{DECODER_VOCAB - 1}",
+    ),  # fmt: skip
+    (
+        "every label -100",
+        lambda tmp: _decoder_trainer(tmp, lambda ex: {**ex, "labels": torch.full_like(ex["labels"], -100)}),
+        ValueError,
+        "labels: every label of the training data is -100 (ignored): there is nothing to train on",
+    ),  # fmt: skip
+    (
+        "importance weight 0",
+        lambda tmp: MinimaxTrainingArguments(
+            str(tmp), task_sampling="fixed", task_sampling_weights=[0, 1, 1], importance_weighting=True
+        ),
+        ValueError,
+        "task_sampling_weights: importance weighting draws every task, but task 0: 0 (normalised) is below",
+    ),  # fmt: skip
+    (
+        "importance weight 1e-30",
+        lambda tmp: MinimaxTrainingArguments(
+            str(tmp),
+            task_names=TASKS,
+            task_sampling="fixed",
+            task_sampling_weights=[1e-30, 1, 1],
+            importance_weighting=True,
+        ),
+        ValueError,
+        "but verb: 5e-31 (normalised) is below 0.000333 = 0.001 / 3 tasks",
+    ),  # fmt: skip
+    (
+        "online proportional",
+        lambda tmp: MinimaxTrainingArguments(str(tmp), task_sampling="online", weighting="proportional"),
+        ValueError,
+        "weighting='proportional' cannot drive task sampling: its weights are the batch's own task shares",
+    ),  # fmt: skip
 ]
+
+
+def _decoder_trainer(tmp: Path, change: Callable[[dict], dict]) -> MinimaxTrainer:
+    """A tiny decoder's trainer (2 steps) on domain examples changed by ``change``, writing beside ``tmp``."""
+    from tiny_causal_lm import domain_examples, make_args, tiny_llama
+    from tiny_training import as_dataset
+
+    args = make_args(str(tmp.parent / "trainer"), max_steps=2, per_device_train_batch_size=4)
+    return MinimaxTrainer(model=tiny_llama(), args=args, train_dataset=as_dataset(change(domain_examples(12))))
 
 
 @pytest.fixture(scope="module")
@@ -776,6 +839,30 @@ def test_a_worst_case_over_one_task_warns(tmp_path: Path, caplog) -> None:
         MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="average")
         MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web", "mail"], weighting="minimax")
     assert "one task" not in caplog.text
+
+
+def test_the_one_task_warning_is_said_once_and_a_task_without_data_warns(tmp_path: Path, caplog) -> None:
+    """The arguments bound again to the same task (as recipe and trainer do) warn once; a trainer whose training data
+    has no example of a task warns, naming it, and trains on (it has weight 0)."""
+    from tiny_causal_lm import domain_examples, make_args, tiny_llama
+    from tiny_training import as_dataset
+
+    with caplog.at_level(logging.WARNING):
+        args = MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="minimax")
+        args.bind_tasks(["web"])
+        args.bind_tasks(["web"])
+    assert caplog.text.count("one task, so weighting='minimax'") == 1
+    caplog.clear()
+    examples = domain_examples(12)
+    examples["task_ids"] = examples["task_ids"] % 2  # no example of the third domain, web
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.trainer"):
+        MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path / "run")), train_dataset=as_dataset(examples))
+    assert "task(s) web: no example in the training data (task_ids): they train at weight 0" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.trainer"):
+        examples["task_ids"] = domain_examples(12)["task_ids"]
+        MinimaxTrainer(model=tiny_llama(), args=make_args(str(tmp_path / "all")), train_dataset=as_dataset(examples))
+    assert "no example in the training data" not in caplog.text
 
 
 def test_fine_tuning_without_the_label_reduction_of_pretraining_warns(tmp_path: Path, caplog) -> None:

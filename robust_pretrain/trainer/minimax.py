@@ -29,6 +29,7 @@ from .models import is_causal_lm
 from .objective import TaskObjective, first_rows
 from .process_group import register_process_group_teardown
 from .task_logs import TaskLogs
+from .training_data import check_training_data
 
 logger = logging.get_logger(__package__)  # the trainer's one logger, robust_pretrain.trainer
 
@@ -71,6 +72,7 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
             )
         strategy = self.args.bind_tasks(self._data_task_names())
         self.task_names: list[str] = list(self.args.task_names)
+        check_training_data(self.train_dataset, self.task_names)
         # compute_loss returns a loss for every batch (from `labels` + `task_ids` or the model's `task_losses`), so
         # prediction_step must call it even for a model whose forward has no `labels` or `return_loss` parameter.
         self.can_return_loss = True
