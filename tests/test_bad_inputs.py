@@ -4,9 +4,9 @@ nothing written (issue 17). A new case is one line in a table.
 Console cases run ``main(argv)`` in-process: ``argv`` is the script's base command line plus the case's options
 (later options win); ``{out}`` is an existing output directory holding a user's file, ``{tmp}`` the test's folder
 (with ``file.txt``, ``empty.txt``, ``blank.txt``, ``binary.txt``, ``bad.parquet``, ``typo.yaml``, ``weights.json``,
-``overflow.json``, ``strings.json``, ``booleans.json``), ``{mmae}`` a tiny MM-MAE checkpoint, ``{images}`` image folders
-(:func:`image_folders`), ``{ro}`` a path where nothing can be created. Each case checks that no file under ``{tmp}``
-changed.
+``overflow.json``, ``strings.json``, ``booleans.json``, ``zero.json``, ``two.json``, ``ds.json``), ``{mmae}`` a tiny
+MM-MAE checkpoint, ``{images}`` image folders (:func:`image_folders`), ``{ro}`` a path where nothing can be created.
+Each case checks that no file under ``{tmp}`` changed.
 """
 
 from __future__ import annotations
@@ -389,6 +389,55 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ),
     ("causal-lm", ["--stream_shuffle_buffer", "-1"], ["--stream_shuffle_buffer must be"]),
     ("causal-lm", ["--task_names", "a", "b"], ["--task_names ['a', 'b'] differ from the data's domains"]),
+    # issue 39: importance weighting, sampling, FSDP / DeepSpeed that cannot run, unused stream options
+    (
+        "causal-lm",
+        ["--task_sampling", "fixed", "--task_sampling_weights", "0", "1", "1", "--importance_weighting", "true"],
+        ["task_sampling_weights: importance weighting draws every task, but task 0: 0 (normalised) is below 0.000333"],
+    ),
+    (
+        "causal-lm",
+        ["--task_sampling", "fixed", "--task_sampling_weights", "1e-30", "1", "1", "--importance_weighting", "true"],
+        ["importance weighting draws every task, but task 0: 5e-31 (normalised)", "never drawn"],
+    ),
+    (
+        "causal-lm",
+        [
+            *TWO_DOMAINS,
+            "--domain_weights",
+            "{tmp}/zero.json",
+            "--task_sampling",
+            "fixed",
+            "--importance_weighting",
+            "1",
+        ],
+        ["--domain_weights {tmp}/zero.json: importance weighting draws every task, but web: 0 (normalised)"],
+    ),
+    (
+        "causal-lm",
+        [*TWO_DOMAINS, "--domain_weights", "{tmp}/two.json", "--objective_weights", "{tmp}/strings.json"]
+        + ["--task_sampling", "fixed", "--importance_weighting", "1"],
+        ["--objective_weights {tmp}/strings.json: weights must be JSON numbers"],
+    ),
+    (
+        "causal-lm",
+        ["--task_sampling", "online", "--weighting", "proportional"],
+        ["weighting='proportional' cannot drive task sampling: its weights are the batch's own task shares"],
+    ),
+    (
+        "causal-lm",
+        ["--stream_shuffle_buffer", "8"],
+        ["--stream_shuffle_buffer shuffles domain streams: it needs --streaming"],
+    ),
+    ("causal-lm", ["--fsdp", "full_shard"], ["fsdp: FSDP shards the model over processes and this run has one"]),
+    ("causal-lm", ["--fsdp", "full_shard", "--weighting", "gradnorm"], ["fsdp: FSDP shards the model over processes"]),
+    ("causal-lm", ["--fsdp", "full_shard", "--causal_lm_chunk_size", "0"], ["fsdp: FSDP shards the model"]),
+    ("pos-mlm", ["--fsdp", "full_shard", "--weighting", "uncertainty"], ["fsdp: FSDP shards the model over processes"]),
+    (
+        "causal-lm",
+        ["--deepspeed", "{tmp}/ds.json"],
+        ["deepspeed {tmp}/ds.json: DeepSpeed is not installed; install it (pip install deepspeed"],
+    ),
     # mixture
     ("mixture", ["--rounds", "0"], ["--rounds must be a positive integer"]),
     ("mixture", ["--weights_tolerance", "0"], ["--weights_tolerance must be > 0"]),
@@ -728,6 +777,9 @@ def workspace(tmp_path: Path) -> Path:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (tmp_path / "typo.yaml").write_text("max_stepz: 3\n")
     (tmp_path / "weights.json").write_text('{"weights": {"news": 1.0}}')
+    (tmp_path / "zero.json").write_text('{"weights": {"web": 0, "mail": 1}}')
+    (tmp_path / "two.json").write_text('{"weights": {"web": 1, "mail": 1}}')
+    (tmp_path / "ds.json").write_text('{"train_batch_size": "auto"}')
     (tmp_path / "train.txt").write_text("The cat sat on the mat .\nDogs run quickly in the park .\n" * 12)
     (tmp_path / "reference").mkdir()  # a finished run of other tasks than the demo's
     other_tasks = {"tasks": ["verb", "noun", "numeral"], "eval_task_loss": {"verb": 1.0, "noun": 2.0, "numeral": 3.0}}
