@@ -234,6 +234,46 @@ def check_reference_run(directory: str | None, allowed: Collection[str], provena
         check_provenance("--reference_run", directory, ReferenceRun.load(directory).provenance, provenance, allowed)
 
 
+def reference_model_tokenizer(path: str | Path) -> str | None:
+    """The fingerprint of a reference model's tokenizer: the one its ``task_report.json`` provenance records (a run of
+    this project), else that of the tokenizer saved beside it; ``None`` when it has neither."""
+    path = Path(path)
+    report = path / TASK_REPORT_NAME
+    if report.is_file():
+        try:
+            recorded = json.loads(report.read_text()).get("provenance", {}).get("tokenizer")
+        except (ValueError, AttributeError):
+            recorded = None
+        if isinstance(recorded, Mapping) and isinstance(recorded.get("sha256"), str):
+            return recorded["sha256"]
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        return None
+    from transformers import AutoTokenizer
+
+    return tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(path)))
+
+
+def check_reference_model(path: str | None, tokenizer: Any, allowed: Collection[str]) -> None:
+    """Refuse a ``--reference_model`` whose tokenizer is not this run's (compared by fingerprint, as for
+    ``--reference_run``; the same vocabulary size is not enough: the same ids would be other strings), or that
+    records none, unless ``allowed`` (``--reference_mismatch_ok``) names ``tokenizer``."""
+    if path is None or tokenizer is None or "tokenizer" in allowed:
+        return
+    theirs, ours = reference_model_tokenizer(path), tokenizer_fingerprint(tokenizer)
+    override = f"pass {OVERRIDE_OPTION} tokenizer to use it anyway"
+    if theirs is None:
+        raise UsageError(
+            f"--reference_model {path}: records no tokenizer (no {TASK_REPORT_NAME} provenance, no tokenizer files), "
+            f"so its token ids cannot be checked against this run's tokenizer; {override}"
+        )
+    if theirs != ours:
+        raise UsageError(
+            f"--reference_model {path}: its tokenizer (sha256 {theirs[:12]}) differs from this run's (sha256 "
+            f"{ours[:12]}), so it reads the same ids as other text; use a reference trained with this run's tokenizer, "
+            f"or {override}"
+        )
+
+
 class ReferenceModel:
     """A frozen reference model for DoReMi's online excess loss: no gradient, eval mode (no dropout), the trained
     model's device, and the target-only MLM head when ``sparse_head`` (its logits only at target positions)."""
@@ -336,6 +376,7 @@ __all__ = [
     "ShardReferenceCallback",
     "check_override",
     "check_provenance",
+    "check_reference_model",
     "check_reference_run",
     "compatibility_problems",
     "dataset_fingerprint",

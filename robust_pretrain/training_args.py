@@ -178,8 +178,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
     reference_mismatch_ok: list[str] = option(
         default_factory=list,
         help="Provenance entries allowed to differ between this run and an earlier run's output that it uses "
-        "(reference_run, the decoder's domain_weights); any other difference, or an entry the input does not record, "
-        "is refused.",
+        "(reference_run, the decoder's domain_weights; of reference_model only the tokenizer is compared); any other "
+        "difference, or an entry the input does not record, is refused.",
         choices=PROVENANCE_ENTRIES,
     )
 

@@ -185,6 +185,11 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["reference_model and reference_losses: give one reference"],
     ),
     ("pos-mlm", ["--reference_mismatch_ok", "tokenizer"], ["reference_mismatch_ok: only used with reference_run"]),
+    (
+        "pos-mlm",
+        ["--loss_normalization", "excess", "--reference_model", "{mmae}"],
+        ["--reference_model {mmae}: records no tokenizer", "pass --reference_mismatch_ok tokenizer"],
+    ),  # issue 39: a reference model's tokenizer is checked like a reference run's
     ("pos-mlm", ["--reference_mismatch_ok", "vocabulary"], ["--reference_mismatch_ok", "invalid choice"]),
     (
         "pos-mlm",

@@ -23,8 +23,10 @@ from robust_pretrain.reference import (
     Provenance,
     check_override,
     check_provenance,
+    check_reference_model,
     dataset_fingerprint,
     model_size,
+    tokenizer_fingerprint,
 )
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
@@ -39,6 +41,40 @@ def provenance(**changes: object) -> Provenance:
         "model_size": {"layers": 2, "parameters": 1000},
     }
     return Provenance(**{**values, **changes})
+
+
+def test_a_reference_model_is_checked_by_its_tokenizers_fingerprint_not_its_vocabulary_size(tmp_path) -> None:
+    """Issue 39: a reference model with another tokenizer of the same vocabulary size reads the same ids as other
+    text: refused by the SHA-256 of the tokenizer (from its report's provenance, else the tokenizer saved beside it),
+    as is a reference that records none; ``--reference_mismatch_ok tokenizer`` overrides."""
+    from test_recipe_pretrain import MINILM
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM))
+    same, swapped, recorded, bare = (tmp_path / name for name in ("same", "swapped", "recorded", "bare"))
+    tokenizer.save_pretrained(same)
+    tokenizer.save_pretrained(swapped)
+    definition = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = definition["model"]["vocab"]
+    vocab["the"], vocab["cat"] = vocab["cat"], vocab["the"]  # the same size; two ids now read as the other word
+    (swapped / "tokenizer.json").write_text(json.dumps(definition))
+    assert len(AutoTokenizer.from_pretrained(str(swapped))) == len(tokenizer)
+    check_reference_model(str(same), tokenizer, allowed=[])
+    with pytest.raises(UsageError, match=f"--reference_model {swapped}: its tokenizer .sha256 [0-9a-f]{{12}}. differs"):
+        check_reference_model(str(swapped), tokenizer, allowed=[])
+    for folder in (recorded, bare):
+        folder.mkdir()
+    report = {"provenance": {"tokenizer": {"name": "bpe", "sha256": SHA_B}}}
+    (recorded / "task_report.json").write_text(json.dumps(report))
+    with pytest.raises(UsageError, match=f"--reference_model {recorded}: its tokenizer .sha256 bbbbbbbbbbbb. differs"):
+        check_reference_model(str(recorded), tokenizer, allowed=[])
+    report["provenance"]["tokenizer"]["sha256"] = tokenizer_fingerprint(tokenizer)
+    (recorded / "task_report.json").write_text(json.dumps(report))
+    check_reference_model(str(recorded), tokenizer, allowed=[])
+    with pytest.raises(UsageError, match=f"--reference_model {bare}: records no tokenizer"):
+        check_reference_model(str(bare), tokenizer, allowed=[])
+    check_reference_model(str(bare), tokenizer, allowed=["tokenizer"])
+    check_reference_model(str(swapped), tokenizer, allowed=["tokenizer"])
 
 
 # ------------------------------------------------------------------------------------------- the comparison

@@ -79,6 +79,7 @@ from robust_pretrain.reference import (
     Provenance,
     check_override,
     check_provenance,
+    check_reference_model,
     check_reference_run,
     dataset_fingerprint,
 )
@@ -193,6 +194,7 @@ def run(argv: list[str]) -> dict:
     set_seed(training_args.seed)
 
     tokenizer = load_tokenizer(model_args, training_args, texts.train["text"], resume_checkpoint)
+    check_reference_model(training_args.reference_model, tokenizer, training_args.reference_mismatch_ok)
     model = load_model(model_args, tokenizer, data_args.max_seq_length)
     train_sequences, eval_sequences = pack_sequences(texts, tokenizer, data_args, training_args)
     provenance = run_provenance(texts, tokenizer, eval_sequences, model, model_args)
@@ -235,6 +237,7 @@ def parse_arguments(argv: list[str]) -> tuple[CausalModelArguments, DomainDataAr
     parser.set_defaults(report_to=[], save_total_limit=2)
     model_args, data_args, training_args = parse_with_config(parser, argv)
     given = {"reference_run": training_args.reference_run, "domain_weights": data_args.domain_weights}
+    given["reference_model"] = training_args.reference_model
     check_override(training_args.reference_mismatch_ok, given)
     return model_args, data_args, training_args
 

@@ -59,6 +59,7 @@ from robust_pretrain.pretraining.streams import check_pos_streaming
 from robust_pretrain.reference import (
     Provenance,
     check_override,
+    check_reference_model,
     check_reference_run,
     dataset_fingerprint,
     training_fingerprint,
@@ -118,6 +119,7 @@ def run(argv: list[str]) -> dict:
 
     raw = load_raw_datasets(data_args)
     tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], resume_checkpoint)
+    check_reference_model(training_args.reference_model, tokenizer, training_args.reference_mismatch_ok)
     model = load_model(model_args, tokenizer, data_args.max_seq_length)
     train_dataset, eval_dataset = tag_datasets(raw, tokenizer, spec, data_args, training_args)
     held_out_masks = masking_collator(tokenizer, spec, data_args, training_args, data_args.eval_masking_seed)
@@ -149,7 +151,8 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Min
     parser = OptionParser((ModelArguments, DataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(report_to=[], save_total_limit=3)
     model_args, data_args, training_args = parse_with_config(parser, argv)
-    check_override(training_args.reference_mismatch_ok, {"reference_run": training_args.reference_run})
+    given = {"reference_run": training_args.reference_run, "reference_model": training_args.reference_model}
+    check_override(training_args.reference_mismatch_ok, given)
     try:
         spec = TaskSpec.resolve(data_args.task_spec)
     except (OSError, ValueError) as err:
