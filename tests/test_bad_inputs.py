@@ -325,7 +325,12 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     ("pseudo-label", ["--output_dir", "{tmp}/file.txt"], ["--output_dir", "is a file"]),
     ("pseudo-label", ["--depth_model", "{tmp}/no-model"], ["--depth_model", "no such checkpoint"]),
     # causal-lm
-    ("causal-lm", ["--domain_files", "web={tmp}/empty.txt"], ["--domain_files web=", "empty.txt is empty"]),
+    ("causal-lm", ["--domain_files", "web={tmp}/empty.txt"], ["--domain_files web={tmp}/empty.txt is empty"]),
+    (
+        "causal-lm",
+        ["--domain_files", "answers={tmp}/missing.txt", "web={tmp}/train.txt"],
+        ["--domain_files answers={tmp}/missing.txt: data file not found"],
+    ),  # issue 39: no stray space after the "="
     ("causal-lm", ["--domain_files", "web={tmp}/nowhere.txt"], ["--domain_files web=", "data file not found"]),
     ("causal-lm", ["--domain_files", "web"], ["--domain_files web: expected name=path"]),
     (

@@ -14,7 +14,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data.domains import DOMAIN_COLUMN, EWT_GENRES, domain_texts, ewt_genre_texts, pack_domains
-from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
+from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files, subject
 from robust_pretrain.pretraining.causal_lm_arguments import DomainDataArguments
 from robust_pretrain.reporting.cards import EWT_TRAINING_DATA, TrainingData, hub_dataset, local_files
 from robust_pretrain.targets import refuse_tasks_without_targets
@@ -53,22 +53,22 @@ def _load_source(source: str, option_name: str, text_column: str, streaming: boo
         try:
             raw = load_dataset(source, split="train", streaming=streaming)
         except (OSError, ValueError, DatasetGenerationError) as err:
-            raise UsageError(f"{option_name} {source}: could not load it as a dataset ({err})") from err
+            raise UsageError(f"{subject(option_name, source)}: could not load it as a dataset ({err})") from err
     else:
         paths = matching_files(source, option_name)
         builder = TEXT_BUILDERS.get(Path(paths[0]).suffix.lstrip("."))
         if builder is None:
-            raise UsageError(f"{option_name} {source}: expected a .txt, .json, .jsonl, .csv or .parquet file")
+            raise UsageError(f"{subject(option_name, source)}: expected a .txt, .json, .jsonl, .csv or .parquet file")
         for path in paths:
             check_text_file(Path(path), option_name, builder)
         try:
             raw = load_dataset(builder, data_files={"train": paths}, split="train", streaming=streaming)
         except DatasetGenerationError as err:
             cause = err.__cause__ or err
-            raise UsageError(f"{option_name} {source}: could not read it as {builder} data ({cause})") from err
+            raise UsageError(f"{subject(option_name, source)}: could not read it as {builder} data ({cause})") from err
     if raw.column_names is not None and text_column not in raw.column_names:
         raise UsageError(
-            f"{option_name} {source} has no text column {text_column!r} (columns: {raw.column_names}); set "
+            f"{subject(option_name, source)} has no text column {text_column!r} (columns: {raw.column_names}); set "
             "--text_column_name"
         )
     return raw
