@@ -176,6 +176,21 @@ def test_the_step_size_scales_the_exponent() -> None:
     assert doremi.weights(losses, both).tolist() == pytest.approx([0.9 * 1.3 / 1.65 + 0.05, 0.9 * 0.35 / 1.65 + 0.05])
 
 
+def test_an_unseen_domain_takes_the_largest_known_excess_with_either_reference() -> None:
+    """One rule in the held-out (static reference losses) and reference-model paths: domain 2, never measured, takes
+    the largest known excess, 2 (losses 3 and 2 against references 1 and 1), whatever its own reference (5 held out:
+    the old held-out rule took the largest loss, 3, minus 5: excess 0). eta = 1, c = 0: ``alpha = softmax((2, 1, 2))``
+    = (0.4223, 0.1554, 0.4223)."""
+    losses, present = torch.tensor([3.0, 2.0, float("nan")]), torch.tensor([True, True, False])
+    options = dict(loss_normalization="excess", dro_step_size=1.0, dro_smoothing=0.0)
+    held_out = build_weighting("doremi", 3, reference_losses=[1.0, 1.0, 5.0], **options)
+    online = build_weighting("doremi", 3, reference_model="ref", **options)
+    expected = np.exp([2.0, 1.0, 2.0]) / np.exp([2.0, 1.0, 2.0]).sum()
+    assert held_out.weights(losses, present).tolist() == pytest.approx(expected.tolist(), abs=1e-6)
+    reference = torch.tensor([1.0, 1.0, float("nan")])
+    assert online.weights(losses, present, reference_losses=reference).tolist() == pytest.approx(expected.tolist())
+
+
 def test_a_resumed_doremi_continues_exactly() -> None:
     """The state (estimates, the smoothed weights) survives JSON: the resumed strategy's next weights are the
     uninterrupted one's, bit for bit."""

@@ -42,7 +42,8 @@ class Weighting(ABC):
             values on the same targets, passed to :meth:`weights` at every step as ``reference_losses``, replace
             static ``reference_losses``; their estimates follow the same EMA, so ``excess_t = max(est_t - ref_t, 0)``.
         weigh_absent_tasks: weigh every task at every step, a task absent from the step from its last estimate (one
-            never estimated: the largest current estimate), instead of giving it weight 0.
+            never estimated: the largest current estimate; with ``excess``, the largest known excess), instead of
+            giving it weight 0.
         excess_clipping: with ``reference_model``, where the excess is clipped at 0: ``token`` (DoReMi's
             ``mean over t's targets of max(l - l_ref, 0)``; the trainer passes as ``reference_losses`` the means of
             ``min(l, l_ref)`` per target, so ``est_t - ref_t`` is that mean, exactly, and EMAs of both are its EMA) or
@@ -119,7 +120,8 @@ class Weighting(ABC):
             present: tasks with at least one target in this step. Only they get weight (every task with
                 ``weigh_absent_tasks``); the others keep their estimate.
             observed: tasks whose entry of ``task_losses`` is a fresh measurement (default: ``present``). A task present
-                but not yet observed uses its last estimate (or, never seen, the largest current estimate).
+                but not yet observed uses its last estimate (or, never seen, the largest current estimate; with
+                ``excess``, the largest known excess, whichever the reference).
             grad_norms: per-task gradient norms on the shared module, for strategies with ``needs_grad_norms``;
                 NaN for a task whose norm was not measured at this step.
             task_counts: the step's number of targets of each task (all micro-batches and processes), for
@@ -159,7 +161,7 @@ class Weighting(ABC):
         weighed = torch.ones_like(present) if self.weigh_absent_tasks else present
         estimates = self.estimates.clone()
         unseen = weighed & estimates.isnan()
-        if unseen.any():
+        if unseen.any() and self.loss_normalization != "excess":  # excess: the unseen one's excess (_normalize)
             known = estimates[~estimates.isnan()]
             estimates[unseen] = known.max() if known.numel() else 0.0
         if not present.any():
@@ -183,13 +185,13 @@ class Weighting(ABC):
         if self.loss_normalization == "relative":
             initial = torch.where(self.initial_losses.isnan(), estimates, self.initial_losses)
             return estimates / initial.clamp_min(1e-12)
-        if self.loss_normalization == "excess" and self.reference_estimates is not None:
-            excess = (estimates - self.reference_estimates).clamp_min(0.0)
-            unseen = excess.isnan()  # no reference measured yet (a task present but not yet observed)
+        if self.loss_normalization == "excess":
+            # one rule for both references: a task not measured yet takes the largest known excess (0 if none)
+            reference = self.reference_losses if self.reference_estimates is None else self.reference_estimates
+            excess = (estimates - reference).clamp_min(0.0)
+            unseen = excess.isnan()
             known = excess[~unseen]
             return excess.masked_fill(unseen, float(known.max()) if known.numel() else 0.0)
-        if self.loss_normalization == "excess":
-            return (estimates - self.reference_losses).clamp_min(0.0)
         return estimates
 
     @abstractmethod
