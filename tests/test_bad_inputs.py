@@ -993,9 +993,10 @@ def test_a_full_disk_while_fine_tuning_is_one_line_that_says_the_run_starts_over
     ids=["non-English text", "blank domain"],
 )
 def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: list[str], fragment: str, workspace):
-    """In a fresh process (the console's own logging), a refusal after the data are loaded and tokenised is one line,
-    the last on stderr, without the progress bars and caching chatter of ``datasets`` (the model's own INFO log, which
-    the recipes turn on, may precede it)."""
+    """In a fresh process (the console's own logging), a refusal after the data are loaded and tokenised is all of
+    stderr, one line: no progress bars or caching chatter of ``datasets``, no model or tokenizer log of
+    ``transformers`` (issue 39: the model is built after the data's checks, and transformers says only warnings until
+    the trainer is built)."""
     (workspace / "foreign.txt").write_text("Съешь же ещё этих мягких французских булок да выпей чаю .\n" * 40)
     argv = [_fill(token, workspace, workspace) for token in [*options, "--output_dir", "{tmp}/run", "--max_steps", "1"]]
     code = f"import sys; from robust_pretrain.pretraining import {module}; sys.exit({module}.main(sys.argv[1:]))"
@@ -1003,6 +1004,6 @@ def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: lis
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     errors = [line for line in lines if line.startswith("robust-pretrain-")]
-    assert len(errors) == 1 and errors[0] == lines[-1] and fragment in errors[0], done.stderr
+    assert len(errors) == 1 and errors == lines and fragment in errors[0], done.stderr
     noise = ("examples/s", "Generating train split", "Caching", "Downloading", "custom data configuration")
     assert not [line for line in lines if any(word in line for word in noise)], done.stderr

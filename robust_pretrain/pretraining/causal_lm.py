@@ -195,8 +195,8 @@ def run(argv: list[str]) -> dict:
 
     tokenizer = load_tokenizer(model_args, training_args, texts.train["text"], resume_checkpoint)
     check_reference_model(training_args.reference_model, tokenizer, training_args.reference_mismatch_ok)
-    model = load_model(model_args, tokenizer, data_args.max_seq_length)
     train_sequences, eval_sequences = pack_sequences(texts, tokenizer, data_args, training_args)
+    model = load_model(model_args, tokenizer, data_args.max_seq_length)  # after the data's refusals: they stay quiet
     provenance = run_provenance(texts, tokenizer, eval_sequences, model, model_args)
     check_reference_run(training_args.reference_run, training_args.reference_mismatch_ok, provenance)
     if data_args.domain_weights is not None:

@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Logger) -> None:
     """INFO logs on the main process (``log_level`` "passive", as in run_mlm.py), warnings on the others. ``datasets``
     says only its warnings, without progress bars: its caching chatter and bars on stderr would bury a refusal of the
-    data (one line) under some twenty lines."""
+    data (one line) under some twenty lines. ``transformers`` too says only its warnings until :func:`create_trainer`
+    has built the trainer (the checks before, which may load a tokenizer or build a model, stay quiet)."""
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO,
@@ -46,7 +47,8 @@ def setup_logging(training_args: MinimaxTrainingArguments, *loggers: logging.Log
         each.setLevel(log_level)
     datasets.utils.logging.set_verbosity(max(log_level, logging.WARNING))
     datasets.disable_progress_bars()
-    transformers.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(max(log_level, logging.WARNING))
+    training_args.__dict__["_transformers_log_level"] = log_level  # restored by create_trainer
 
 
 def bind_tasks(training_args: MinimaxTrainingArguments, task_names: list[str], source: str) -> None:
@@ -242,6 +244,8 @@ def create_trainer(training_args: MinimaxTrainingArguments, **kwargs: Any) -> Mi
     for verbose, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
         if trainer.pop_callback(verbose) is not None:
             trainer.add_callback(compact)
+    if "_transformers_log_level" in vars(training_args):  # the checks are done: transformers logs as set up
+        transformers.utils.logging.set_verbosity(vars(training_args)["_transformers_log_level"])
     return trainer
 
 

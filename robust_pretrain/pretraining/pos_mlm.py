@@ -120,8 +120,8 @@ def run(argv: list[str]) -> dict:
     raw = load_raw_datasets(data_args)
     tokenizer = load_tokenizer(model_args, training_args, raw["train"][data_args.text_column_name], resume_checkpoint)
     check_reference_model(training_args.reference_model, tokenizer, training_args.reference_mismatch_ok)
-    model = load_model(model_args, tokenizer, data_args.max_seq_length)
     train_dataset, eval_dataset = tag_datasets(raw, tokenizer, spec, data_args, training_args)
+    model = load_model(model_args, tokenizer, data_args.max_seq_length)  # after the data's refusals: they stay quiet
     held_out_masks = masking_collator(tokenizer, spec, data_args, training_args, data_args.eval_masking_seed)
     eval_dataset = premask(eval_dataset, held_out_masks, data_args.max_seq_length, tokenizer.pad_token_id)
     provenance = run_provenance(spec, tokenizer, raw, eval_dataset, model, model_args)
