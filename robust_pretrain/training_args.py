@@ -165,7 +165,9 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         "task_sampling='fixed': multiply each target's loss by w_t / q_t (w: the strategy's weights, q: the sampling "
         "weights) and divide the step's sum by its number of targets, so that the expected gradient is that of "
         "sum_t w_t L_t whatever q is (exactly when every sequence has one task and as many targets: packed domains; "
-        "NeMo AutoModel's domain_mixture); without it the strategy weighs the drawn batch's task means.",
+        "NeMo AutoModel's domain_mixture; w weighs every task at every step, a task the batch did not draw from its "
+        "last estimate; a task with q_t below 0.001 / T is refused); without it the strategy weighs the drawn "
+        "batch's task means.",
     )
 
     reference_run: str | None = option(
