@@ -989,8 +989,13 @@ def test_a_full_disk_while_fine_tuning_is_one_line_that_says_the_run_starts_over
     [
         ("pos_mlm", ["--config", "demo", "--train_file", "{tmp}/foreign.txt"], "contains no word of the tasks"),
         ("causal_lm", ["--config", "decoder_demo", *TWO_DOMAINS[:2], "blank={tmp}/blank.txt"], "domain blank"),
+        (
+            "pos_mlm",
+            ["--config", "demo", "--loss_normalization", "excess", "--reference_model", "{tmp}/untokenized"],
+            "untokenized: records no tokenizer",
+        ),
     ],
-    ids=["non-English text", "blank domain"],
+    ids=["non-English text", "blank domain", "reference model without tokenizer"],
 )
 def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: list[str], fragment: str, workspace):
     """In a fresh process (the console's own logging), a refusal after the data are loaded and tokenised is all of
@@ -998,6 +1003,8 @@ def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: lis
     ``transformers`` (issue 39: the model is built after the data's checks, and transformers says only warnings until
     the trainer is built)."""
     (workspace / "foreign.txt").write_text("Съешь же ещё этих мягких французских булок да выпей чаю .\n" * 40)
+    (workspace / "untokenized").mkdir()
+    (workspace / "untokenized" / "config.json").write_text('{"model_type": "bert", "vocab_size": 8000}')
     argv = [_fill(token, workspace, workspace) for token in [*options, "--output_dir", "{tmp}/run", "--max_steps", "1"]]
     code = f"import sys; from robust_pretrain.pretraining import {module}; sys.exit({module}.main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=checkout_env())
