@@ -255,6 +255,8 @@ def refuse_before_reading(
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
     check_weight_files(data_args, training_args)
+    if data_args.validation_file is not None:
+        refuse_given_options(argv, ["validation_split_percentage"], "not used with --validation_file")
     if data_args.streaming:
         held_out = "the held-out texts are the first --stream_held_out_texts of each stream"
         refuse_given_options(argv, ["validation_split_percentage"], f"not used with --streaming ({held_out})")

@@ -65,6 +65,12 @@ class DomainDataArguments:
         "(default: $ROBUST_PRETRAIN_UD_DIR, else ../shared/data/ud_ewt from the current directory); EWT test is "
         "held out.",
     )
+    validation_file: str | None = option(
+        None,
+        "Held-out data for --train_file / --dataset_name: a file (or glob) with the same text and --domain_column "
+        "columns, every domain present, in place of --validation_split_percentage.",
+        path="file",
+    )
     validation_split_percentage: int = option(
         5, "Percent of each domain's texts held out (not for the UD default, whose test split is held out).",
         minimum=1, maximum=99,
@@ -113,6 +119,10 @@ class DomainDataArguments:
             raise UsageError(f"give one data source, not {' and '.join('--' + name for name in sources)}")
         if (self.dataset_name or self.train_file) and self.domain_column is None:
             raise UsageError("--dataset_name / --train_file need --domain_column (the column naming each domain)")
+        if self.validation_file is not None and not (self.dataset_name or self.train_file):
+            raise UsageError("--validation_file is the held-out data of --train_file / --dataset_name: give one")
+        if self.validation_file is not None and self.streaming:
+            raise UsageError("--validation_file: not used with --streaming (held out: --stream_held_out_texts)")
         if self.domain_column is not None and not (self.dataset_name or self.train_file):
             raise UsageError("--domain_column names a column of --dataset_name or --train_file: give one of them")
 

@@ -89,6 +89,22 @@ def _split(dataset: Dataset, percentage: int) -> tuple[Dataset, Dataset]:
     return concatenate_datasets(train), concatenate_datasets(held_out) if held_out else dataset.select([])
 
 
+def _check_domain_column(raw: Dataset, domain_column: str | None, source: str) -> None:
+    if domain_column not in raw.column_names:
+        raise UsageError(f"--domain_column {domain_column}: {source} has no such column (columns: {raw.column_names})")
+
+
+def _indexed_domains(raw: Dataset, data_args: DomainDataArguments, names: list[str], source: str) -> Dataset:
+    """``raw``'s texts with ``domain`` the index of its ``--domain_column`` value in ``names``; refuse other values."""
+    _check_domain_column(raw, data_args.domain_column, source)
+    values = [str(value) for value in raw[data_args.domain_column]]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise UsageError(f"--validation_file {source} has domains the training data lacks: {', '.join(unknown)}")
+    index = {name: i for i, name in enumerate(names)}
+    return Dataset.from_dict({"text": raw[data_args.text_column_name], DOMAIN_COLUMN: [index[v] for v in values]})
+
+
 def load_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
     """The texts of every domain, from whichever source the options name (UD-EWT genres by default)."""
     column = data_args.text_column_name
@@ -106,15 +122,14 @@ def load_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
         option_name = "--dataset_name" if data_args.dataset_name else "--train_file"
         source = data_args.dataset_name or data_args.train_file
         raw = _load_source(source, option_name, column)
-        if data_args.domain_column not in raw.column_names:
-            raise UsageError(
-                f"--domain_column {data_args.domain_column}: {source} has no such column (columns: {raw.column_names})"
-            )
-        values = raw[data_args.domain_column]
-        names = sorted({str(value) for value in values})
-        index = {name: i for i, name in enumerate(names)}
-        raw = Dataset.from_dict({"text": raw[column], DOMAIN_COLUMN: [index[str(value)] for value in values]})
-        train, validation = _split(raw, data_args.validation_split_percentage)
+        _check_domain_column(raw, data_args.domain_column, source)
+        names = sorted({str(value) for value in raw[data_args.domain_column]})
+        raw = _indexed_domains(raw, data_args, names, source)
+        if data_args.validation_file is None:
+            train, validation = _split(raw, data_args.validation_split_percentage)
+        else:
+            held_out = _load_source(data_args.validation_file, "--validation_file", column)
+            train, validation = raw, _indexed_domains(held_out, data_args, names, data_args.validation_file)
         data = hub_dataset(source) if data_args.dataset_name else local_files(source)
         return DomainTexts(names, train, validation, data)
     try:
