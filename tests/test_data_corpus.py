@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
+from local_hub import DEFAULT_TOKEN, DEFAULT_USER
 
 from robust_pretrain.data import load_ewt_corpus
 from robust_pretrain.data.conllu import read_conllu
 from robust_pretrain.data.corpus import DEFAULT_UD_DIR, paragraphs
 from robust_pretrain.data.word_tokenizer import word_tokenize
-from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER
 
 
 def test_corpus_is_the_treebank_paragraphs(shared_data):

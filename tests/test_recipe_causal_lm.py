@@ -278,7 +278,7 @@ def test_weights_from_a_file_are_drawn_and_their_provenance_is_checked(tmp_path,
 
 @pytest.mark.slow
 def test_the_recipe_publishes_its_model_and_card(local_hub, tmp_path):
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER
 
     argv = recipe_argv(tmp_path, "pushed", "--push_to_hub", "true", "--hub_model_id", "tiny-decoder")
     causal_lm.run([*argv, "--hub_token", DEFAULT_TOKEN])

@@ -63,9 +63,8 @@ def _one_thread():
 def pushed_run(tmp_path_factory) -> tuple[Path, dict[str, bytes], str, dict[str, torch.Tensor]]:
     """One tiny run on generated scenes, pushed to a local Hub: (output dir, the Hub repo's files, repo id, the
     weights of the model loaded from the Hub by repo id)."""
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
     from transformers import AutoModelForPreTraining
-
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 
     output_dir = tmp_path_factory.mktemp("multimae") / "run"
     repo_id = f"{DEFAULT_USER}/tiny-multimae"

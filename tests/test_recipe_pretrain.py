@@ -670,9 +670,8 @@ def _hub_args(output_dir: Path, small_files, repo_id: str, token: str) -> list[s
 @pytest.mark.slow
 def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
     from huggingface_hub import snapshot_download
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
     from transformers import AutoModelForMaskedLM
-
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 
     repo_id = f"{DEFAULT_USER}/tiny-pos-bert"
     output_dir = tmp_path / "out"
@@ -700,8 +699,9 @@ def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
 
 
 def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> None:
+    from local_hub import DEFAULT_TOKEN, use_local_hub
+
     from robust_pretrain.hub import HubPublishError
-    from robust_pretrain.testing import DEFAULT_TOKEN, use_local_hub
 
     output_dir = tmp_path / "out"
     with use_local_hub(f"http://127.0.0.1:{free_port()}"):  # nothing listens there
@@ -717,8 +717,9 @@ def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> N
 
 
 def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> None:
+    from local_hub import LocalHubServer, use_local_hub
+
     from robust_pretrain.hub import HubPublishError
-    from robust_pretrain.testing import LocalHubServer, use_local_hub
 
     output_dir = tmp_path / "out"
     with LocalHubServer() as hub, use_local_hub(hub.endpoint):
@@ -734,8 +735,9 @@ def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> Non
 @pytest.mark.slow
 def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, monkeypatch) -> None:
     """The Hub goes away during training: the final push fails with a retry hint, the local save is complete."""
+    from local_hub import DEFAULT_TOKEN, LocalHubServer, use_local_hub
+
     from robust_pretrain.hub import HubPublishError
-    from robust_pretrain.testing import DEFAULT_TOKEN, LocalHubServer, use_local_hub
 
     output_dir = tmp_path / "out"
     real_push = recipe_common.push_or_explain

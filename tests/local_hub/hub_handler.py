@@ -1,6 +1,6 @@
 """The local Hub's HTTP request handler: each request is admitted (within the server's budget), routed to an
 endpoint of the Hub API and answered in JSON, or with the Hub's error status and headers. It works on the state of
-its :class:`~robust_pretrain.testing.hub_server.LocalHubServer` (``hub``), under the server's lock."""
+its ``LocalHubServer`` (``hub``), under the server's lock."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from robust_pretrain.testing.hub_repos import GITATTRIBUTES, REPO_TYPES, URL_PREFIX, HttpError, Repo, utc_now
+from local_hub.hub_repos import GITATTRIBUTES, REPO_TYPES, URL_PREFIX, HttpError, Repo, utc_now
 
 if TYPE_CHECKING:
-    from robust_pretrain.testing.hub_server import LocalHubServer
+    from local_hub.hub_server import LocalHubServer
 
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 

@@ -13,7 +13,7 @@ It implements the subset of the Hugging Face Hub HTTP API that the real ``huggin
 * ``HEAD|GET /[{type}s/]{repo_id}/resolve/{rev}/{path}`` (with ``X-Repo-Commit``, ``ETag``, ``Content-Length``, ranges)
 
 The server listens on 127.0.0.1 only, and stops by itself after ``lifetime`` seconds or ``max_requests`` requests.
-Its state is in :mod:`~robust_pretrain.testing.hub_repos`, its endpoints in :mod:`~robust_pretrain.testing.hub_handler`.
+Its state is in ``hub_repos``, its endpoints in ``hub_handler``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from robust_pretrain.testing.hub_handler import INVALID_CREDENTIALS, HubRequestHandler
-from robust_pretrain.testing.hub_repos import URL_PREFIX, Commit, HttpError, Repo, git_blob_oid, utc_now
+from local_hub.hub_handler import INVALID_CREDENTIALS, HubRequestHandler
+from local_hub.hub_repos import URL_PREFIX, Commit, HttpError, Repo, git_blob_oid, utc_now
 
 DEFAULT_TOKEN = "hf_local_test_token"
 DEFAULT_USER = "local-user"
