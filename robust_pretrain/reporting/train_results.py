@@ -1,7 +1,7 @@
 """What the fine-tuning recipes of every modality share: train logging (LoRA options: :mod:`robust_pretrain.options`,
 the output-directory rule: :mod:`robust_pretrain.output_dir`).
 
-Text (:mod:`robust_pretrain.glue.finetune`) and vision (:mod:`robust_pretrain.vision.finetune`) never import each
+Text (:mod:`robust_pretrain.glue.finetune`) and vision (:mod:`robust_pretrain.vision.finetune.recipe`) never import each
 other; both use these.
 """
 

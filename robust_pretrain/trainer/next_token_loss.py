@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from .task_losses import refuse_on_device
+from ..task_losses import refuse_on_device
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
-from .cli import check_checkpoint
-from .options import Accepted, check_options, declare_inherited, declared_defaults, option
-from .reference import PROVENANCE_ENTRIES, ReferenceRun
-from .weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options, build_weighting
+from ..cli import check_checkpoint
+from ..options import Accepted, check_options, declare_inherited, declared_defaults, option
+from ..reference import PROVENANCE_ENTRIES, ReferenceRun
+from ..weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options, build_weighting
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         "each training sequence's task drawn from the strategy's current weights (batches of step s use those of "
         "step s-2), the objective the plain mean over the drawn targets; 'fixed': drawn from task_sampling_weights, "
         "the objective the strategy's (see importance_weighting). The data collator must accept a schedule "
-        "(DomainCollator, TaskGroupedMLMCollator with mode='per_example'); see robust_pretrain.task_sampling.",
+        "(DomainCollator, TaskGroupedMLMCollator with mode='per_example'); see robust_pretrain.trainer.task_sampling.",
         choices=TASK_SAMPLING_MODES,
     )
     task_sampling_weights: list[float] | None = option(

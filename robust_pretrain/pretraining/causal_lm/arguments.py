@@ -1,4 +1,4 @@
-"""The options of the decoder pre-training recipe (:mod:`robust_pretrain.pretraining.causal_lm`): model and data
+"""The options of the decoder pre-training recipe (:mod:`robust_pretrain.pretraining.causal_lm.recipe`): model and data
 arguments, the weight files they name (checked before any data is read, ``--domain_weights`` turned into fixed
 sampling), and the settings a resumed run must share."""
 
@@ -13,8 +13,8 @@ from typing import Any
 from robust_pretrain.cli import UsageError
 from robust_pretrain.options import check_options, option
 from robust_pretrain.pretraining.common import training_settings
-from robust_pretrain.task_sampling import FixedWeighting
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.task_sampling import FixedWeighting
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, key/value heads, intermediate
     "tiny": (2, 128, 4, 2, 384),

@@ -15,10 +15,10 @@ from datasets.exceptions import DatasetGenerationError
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data.domains import DOMAIN_COLUMN, EWT_GENRES, domain_texts, ewt_genre_texts, pack_domains
 from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
-from robust_pretrain.pretraining.causal_lm_arguments import DomainDataArguments
+from robust_pretrain.pretraining.causal_lm.arguments import DomainDataArguments
 from robust_pretrain.reporting.cards import EWT_TRAINING_DATA, TrainingData, hub_dataset, local_files
-from robust_pretrain.targets import refuse_tasks_without_targets
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.targets import refuse_tasks_without_targets
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 
 @dataclass

@@ -11,9 +11,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.pretraining.causal_lm_arguments import DECODER_SIZES, CausalModelArguments
+from robust_pretrain.pretraining.causal_lm.arguments import DECODER_SIZES, CausalModelArguments
 from robust_pretrain.pretraining.common import named_tokenizer, train_tokenizer_once
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 

@@ -34,37 +34,25 @@ from robust_pretrain.cli import check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.data.domains import domain_counts
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
-from robust_pretrain.pretraining.causal_lm_arguments import (
-    DECODER_SIZES,
-    DOMAIN_WEIGHTS_NAME,
+from robust_pretrain.pretraining.causal_lm.arguments import (
     FROM_SCRATCH,
-    MIN_VOCAB_SIZE,
-    NOT_SETTINGS,
     CausalModelArguments,
     DomainDataArguments,
     check_weight_files,
     domain_weights,
     objective_weighting,
-    read_domain_weights,
     run_settings,
-    sample_from_file,
 )
-from robust_pretrain.pretraining.causal_lm_data import (
-    STREAM_SAMPLE_TEXTS,
+from robust_pretrain.pretraining.causal_lm.data import (
     DomainTexts,
     load_domain_texts,
     pack_sequences,
-    parse_domain_files,
     require_every_domain,
-    stream_domain_texts,
-    text_tokens,
 )
-from robust_pretrain.pretraining.causal_lm_model import (
-    SPECIAL_TOKENS,
+from robust_pretrain.pretraining.causal_lm.model import (
     check_causal_checkpoint,
     load_model,
     load_tokenizer,
-    train_bpe_tokenizer,
 )
 from robust_pretrain.pretraining.common import (
     bind_tasks,
@@ -86,43 +74,17 @@ from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import causal_lm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.trainer import MinimaxTrainer
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
-__all__ = [  # the recipe's names, wherever they are defined (importable from here as before the split)
-    "DECODER_SIZES",
-    "DOMAIN_WEIGHTS_NAME",
-    "FROM_SCRATCH",
-    "MIN_VOCAB_SIZE",
-    "NOT_SETTINGS",
+__all__ = [
     "SAMPLING_NAMES",
-    "SPECIAL_TOKENS",
-    "STREAM_SAMPLE_TEXTS",
-    "CausalModelArguments",
-    "DomainDataArguments",
-    "DomainTexts",
     "WeightAverageCallback",
-    "check_causal_checkpoint",
-    "check_weight_files",
-    "domain_weights",
-    "load_domain_texts",
-    "load_model",
-    "load_tokenizer",
     "main",
     "mixture_weights",
-    "objective_weighting",
-    "pack_sequences",
     "parse_arguments",
-    "parse_domain_files",
-    "read_domain_weights",
     "refuse_before_reading",
-    "require_every_domain",
     "run",
     "run_provenance",
-    "run_settings",
-    "sample_from_file",
-    "stream_domain_texts",
-    "text_tokens",
-    "train_bpe_tokenizer",
     "write_report",
 ]
 

@@ -1,4 +1,4 @@
-"""The options of the MM-MAE pre-training recipe (:mod:`robust_pretrain.pretraining.multimae`): model and data
+"""The options of the MM-MAE pre-training recipe (:mod:`robust_pretrain.pretraining.multimae.recipe`): model and data
 arguments, the modalities (= tasks) they name, and the settings a resumed run must share."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from transformers import AutoConfig
 from robust_pretrain.cli import UsageError, check_checkpoint
 from robust_pretrain.options import check_options, option
 from robust_pretrain.pretraining.common import training_settings
-from robust_pretrain.training_args import MinimaxTrainingArguments
-from robust_pretrain.vision.configuration_multimae import DECODER_VARIANTS, DEPTH_NORMALIZATIONS
-from robust_pretrain.vision.image_processing_multimae import MODALITIES
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.loaders import REDUCE_LABELS_HELP, UNMATCHED_HELP, UNMATCHED_MODES
+from robust_pretrain.vision.multimae.configuration_multimae import DECODER_VARIANTS, DEPTH_NORMALIZATIONS
+from robust_pretrain.vision.multimae.image_processing_multimae import MODALITIES
 
 #: options of a model trained from scratch (a checkpoint keeps its own)
 FROM_SCRATCH = ["model_size", "config_overrides", "depth_normalization", "max_depth", "image_size", "patch_size"]

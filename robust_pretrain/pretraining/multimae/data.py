@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.pretraining.multimae_arguments import DataArguments, ModelArguments
-from robust_pretrain.targets import refuse_tasks_without_targets
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.pretraining.multimae.arguments import DataArguments, ModelArguments
+from robust_pretrain.trainer.targets import refuse_tasks_without_targets
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 from robust_pretrain.vision.loaders import UnmatchedStemsError, modalities_without_targets, unmatched_usage_error
+from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 
 logger = logging.getLogger(__name__)
 

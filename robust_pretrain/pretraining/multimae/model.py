@@ -5,8 +5,8 @@ from __future__ import annotations
 from transformers import AutoModelForPreTraining
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.pretraining.multimae_arguments import MODEL_SIZES, DataArguments, ModelArguments
-from robust_pretrain.vision.configuration_multimae import DECODER_VARIANTS, ModalitySpec, MultiMAEConfig
+from robust_pretrain.pretraining.multimae.arguments import MODEL_SIZES, DataArguments, ModelArguments
+from robust_pretrain.vision.multimae.configuration_multimae import DECODER_VARIANTS, ModalitySpec, MultiMAEConfig
 
 
 def modality_specs(model_args: ModelArguments, num_classes: int | None) -> list[ModalitySpec]:

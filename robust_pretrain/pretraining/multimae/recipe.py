@@ -32,7 +32,6 @@ from transformers import set_seed
 from robust_pretrain.cli import check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
-from robust_pretrain.pretraining import multimae_data
 from robust_pretrain.pretraining.common import (
     bind_tasks,
     create_trainer,
@@ -41,64 +40,31 @@ from robust_pretrain.pretraining.common import (
     setup_logging,
     train_and_evaluate,
 )
-from robust_pretrain.pretraining.multimae_arguments import (
+from robust_pretrain.pretraining.multimae import data as multimae_data
+from robust_pretrain.pretraining.multimae.arguments import (
     FROM_SCRATCH,
-    MODEL_SIZES,
-    NOT_SETTINGS,
     DataArguments,
     ModelArguments,
     resolve_modalities,
     run_config,
 )
-from robust_pretrain.pretraining.multimae_data import (
-    HELD_OUT,
-    HeldOutOrTrainingCollator,
+from robust_pretrain.pretraining.multimae.data import (
     MaskedImages,
-    build_processor,
-    check_partial_examples,
-    fill_values,
-    load_checked_images,
-    load_images,
     prepare_images,
-    require_modality_targets,
-    visible_token_budget,
 )
-from robust_pretrain.pretraining.multimae_model import load_model, modality_specs, semseg_classes
+from robust_pretrain.pretraining.multimae.model import load_model, semseg_classes
 from robust_pretrain.reference import Provenance, check_override, check_reference_run, dataset_fingerprint
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.plots import plot_reconstructions
 from robust_pretrain.reporting.recipe_cards import RECONSTRUCTIONS_NAME, multimae_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
-from robust_pretrain.training_args import MinimaxTrainingArguments
-from robust_pretrain.vision.image_processing_multimae import MODALITIES
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
-__all__ = [  # the recipe's names, wherever they are defined (importable from here as before the split)
-    "FROM_SCRATCH",
-    "HELD_OUT",
-    "MODALITIES",
-    "MODEL_SIZES",
-    "NOT_SETTINGS",
-    "DataArguments",
-    "HeldOutOrTrainingCollator",
-    "MaskedImages",
-    "ModelArguments",
-    "build_processor",
-    "check_partial_examples",
-    "fill_values",
-    "load_checked_images",
-    "load_images",
-    "load_model",
+__all__ = [
     "main",
-    "modality_specs",
     "parse_arguments",
-    "prepare_images",
-    "require_modality_targets",
-    "resolve_modalities",
     "run",
-    "run_config",
     "run_provenance",
-    "semseg_classes",
-    "visible_token_budget",
     "write_report",
 ]
 

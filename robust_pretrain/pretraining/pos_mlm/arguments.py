@@ -1,4 +1,4 @@
-"""The options of the PoS-MLM pre-training recipe (:mod:`robust_pretrain.pretraining.pos_mlm`): model and data
+"""The options of the PoS-MLM pre-training recipe (:mod:`robust_pretrain.pretraining.pos_mlm.recipe`): model and data
 arguments, what a stream cannot do, and the settings a resumed run must share."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from robust_pretrain.data import TaskSpec
 from robust_pretrain.data.text_files import matching_files
 from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.pretraining.common import file_fingerprint, training_settings
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 MODEL_SIZES = {  # from-scratch BERT presets: layers, hidden, heads, intermediate
     "tiny": (2, 128, 2, 512),

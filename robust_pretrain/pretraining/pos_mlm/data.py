@@ -24,11 +24,11 @@ from robust_pretrain.data.preprocessing import (
 )
 from robust_pretrain.data.tasks import IMPLAUSIBLE_SHARE_FRACTION, JUDGED_MIN_EXPECTED_SHARE
 from robust_pretrain.data.text_files import TEXT_BUILDERS, check_text_file, matching_files
-from robust_pretrain.pretraining.pos_mlm_arguments import DataArguments
+from robust_pretrain.pretraining.pos_mlm.arguments import DataArguments
 from robust_pretrain.pretraining.streams import log_stream_sharding
-from robust_pretrain.targets import refuse_tasks_without_targets
-from robust_pretrain.task_sampling import TaskSamplingSchedule
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.targets import refuse_tasks_without_targets
+from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 logger = logging.getLogger(__name__)
 

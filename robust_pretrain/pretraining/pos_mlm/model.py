@@ -12,9 +12,9 @@ from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMa
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining.common import named_tokenizer, train_tokenizer_once
-from robust_pretrain.pretraining.pos_mlm_arguments import MODEL_SIZES, ModelArguments
+from robust_pretrain.pretraining.pos_mlm.arguments import MODEL_SIZES, ModelArguments
 from robust_pretrain.task_losses import mlm_head_name
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 logger = logging.getLogger(__name__)
 

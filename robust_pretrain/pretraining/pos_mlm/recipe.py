@@ -20,7 +20,6 @@ from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.data import UPOS_TAGS, TaskSpec
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
-from robust_pretrain.pretraining import pos_mlm_data, pos_mlm_model
 from robust_pretrain.pretraining.common import (
     bind_tasks,
     create_trainer,
@@ -29,31 +28,25 @@ from robust_pretrain.pretraining.common import (
     setup_logging,
     train_and_evaluate,
 )
-from robust_pretrain.pretraining.pos_mlm_arguments import (
-    MAX_SCRATCH_SEQ_LENGTH,
-    MIN_VOCAB_SIZE,
-    MODEL_SIZES,
-    NOT_SETTINGS,
+from robust_pretrain.pretraining.pos_mlm import data as pos_mlm_data
+from robust_pretrain.pretraining.pos_mlm import model as pos_mlm_model
+from robust_pretrain.pretraining.pos_mlm.arguments import (
     DataArguments,
     ModelArguments,
-    files_fingerprint,
     run_config,
 )
-from robust_pretrain.pretraining.pos_mlm_data import (
-    STREAM_SHARE_ROWS,
+from robust_pretrain.pretraining.pos_mlm.data import (
     PremaskedOrTrainingCollator,
     load_raw_datasets,
     masking_collator,
     premask,
-    require_targets,
     tag_datasets,
     training_stream,
 )
-from robust_pretrain.pretraining.pos_mlm_model import (
+from robust_pretrain.pretraining.pos_mlm.model import (
     load_model,
     load_tokenizer,
     save_merged,
-    train_wordpiece_tokenizer,
 )
 from robust_pretrain.pretraining.streams import check_pos_streaming
 from robust_pretrain.reference import (
@@ -66,33 +59,13 @@ from robust_pretrain.reference import (
 from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import pos_mlm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
-__all__ = [  # the recipe's names, wherever they are defined (importable from here as before the split)
-    "MAX_SCRATCH_SEQ_LENGTH",
-    "MIN_VOCAB_SIZE",
-    "MODEL_SIZES",
-    "NOT_SETTINGS",
-    "STREAM_SHARE_ROWS",
-    "DataArguments",
-    "ModelArguments",
-    "PremaskedOrTrainingCollator",
-    "files_fingerprint",
-    "load_model",
-    "load_raw_datasets",
-    "load_tokenizer",
+__all__ = [
     "main",
-    "masking_collator",
     "parse_arguments",
-    "premask",
-    "require_targets",
     "run",
-    "run_config",
     "run_provenance",
-    "save_merged",
-    "tag_datasets",
-    "train_wordpiece_tokenizer",
-    "training_stream",
     "write_report",
 ]
 

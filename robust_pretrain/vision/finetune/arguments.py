@@ -10,9 +10,9 @@ from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.options import LoraArguments, check_options, option
-from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
-from robust_pretrain.vision.configuration_multimae import DEPTH_LOSSES, SEMSEG_HEADS
+from robust_pretrain.trainer.training_args import use_cpu_when_launched_without_accelerator
 from robust_pretrain.vision.loaders import REDUCE_LABELS_HELP, UNMATCHED_HELP, UNMATCHED_MODES
+from robust_pretrain.vision.multimae.configuration_multimae import DEPTH_LOSSES, SEMSEG_HEADS
 
 TASKS = ("semseg", "depth", "classification")
 

@@ -15,13 +15,13 @@ import datasets
 import numpy as np
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.targets import refuse_tasks_without_targets
-from robust_pretrain.vision.finetune_arguments import DenseDataArguments
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.trainer.targets import refuse_tasks_without_targets
+from robust_pretrain.vision.finetune.arguments import DenseDataArguments
 from robust_pretrain.vision.loaders import modalities_without_targets
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
 
-# The recipe's logger: its console lines keep naming robust_pretrain.vision.finetune
-logger = logging.getLogger("robust_pretrain.vision.finetune")
+# The recipe's logger: its console lines keep naming robust_pretrain.vision.finetune.recipe
+logger = logging.getLogger("robust_pretrain.vision.finetune.recipe")
 
 LABELS_FILE = "labels.csv"
 SCENE_SPLITS = ("downstream_train", "downstream_test")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from transformers import EvalPrediction
 
-from robust_pretrain.vision.finetune_arguments import DenseDataArguments
+from robust_pretrain.vision.finetune.arguments import DenseDataArguments
 from robust_pretrain.vision.metrics import load_vision_metric
 
 PRIMARY_METRICS = {"semseg": "mean_iou", "depth": "delta1", "classification": "top1_accuracy"}

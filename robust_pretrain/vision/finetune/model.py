@@ -14,14 +14,14 @@ from transformers import PretrainedConfig, PreTrainedModel, ViTConfig, ViTForIma
 
 from robust_pretrain.cli import UsageError, check_checkpoint
 from robust_pretrain.options import LoraArguments
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
-from robust_pretrain.vision.finetune_arguments import DenseModelArguments, DenseRunArguments
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import (
+from robust_pretrain.vision.finetune.arguments import DenseModelArguments, DenseRunArguments
+from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.multimae.heads import (
     MultiMAEForDepthEstimation,
     MultiMAEForImageClassification,
     MultiMAEForSemanticSegmentation,
 )
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
 
 # Model class per task; LoRA trains and saves its head_modules() fully.
 MULTIMAE_HEADS = {

@@ -5,8 +5,8 @@
 
 Tasks: ``semseg`` (:class:`MultiMAEForSemanticSegmentation`, mIoU), ``depth`` (:class:`MultiMAEForDepthEstimation`,
 δ1 and the NYUv2 errors), ``classification`` (:class:`MultiMAEForImageClassification` or, for a ViT checkpoint such
-as one written by :mod:`robust_pretrain.vision.export`, ``ViTForImageClassification``; top-1/top-5). The input is
-RGB (the paper); ``--input_modalities rgb depth`` feeds depth too (MM-MAE checkpoints, not the depth task).
+as one written by :mod:`robust_pretrain.vision.multimae.export`, ``ViTForImageClassification``; top-1/top-5). The
+input is RGB (the paper); ``--input_modalities rgb depth`` feeds depth too (MM-MAE checkpoints, not the depth task).
 
 Data: the generated scenes' downstream splits (``downstream_train`` / ``downstream_test``, never seen in
 pre-training) by default; a folder layout ``<root>/<split>/{rgb,depth,semseg}/<id>.<ext>`` (classification: a
@@ -51,46 +51,37 @@ from transformers.trainer_utils import PredictionOutput
 
 from robust_pretrain.cli import UsageError, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
-from robust_pretrain.finetuning import log_train_results
 from robust_pretrain.options import LoraArguments
 from robust_pretrain.output_dir import claim_for_new_run, disk_full_is_one_line
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.plots import plot_predictions
 from robust_pretrain.reporting.recipe_cards import dense_card_content
+from robust_pretrain.reporting.train_results import log_train_results
 from robust_pretrain.seeding import SetEpochCallback
 from robust_pretrain.trainer import register_process_group_teardown
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
-from robust_pretrain.vision.finetune_arguments import (
-    TASKS,
+from robust_pretrain.vision.finetune.arguments import (
     DenseDataArguments,
     DenseLoraArguments,
     DenseModelArguments,
     DenseRunArguments,
     DenseTrainingArguments,
 )
-from robust_pretrain.vision.finetune_data import (
-    LABELS_FILE,
-    SCENE_SPLITS,
+from robust_pretrain.vision.finetune.data import (
     TaskData,
     load_task_data,
     require_task_targets,
     target_sizes,
 )
-from robust_pretrain.vision.finetune_metrics import (
-    PRIMARY_METRICS,
+from robust_pretrain.vision.finetune.metrics import (
     build_compute_metrics,
-    compute_task_metrics,
     first_output,
-    flatten_metrics,
     predictions_file_name,
-    recompute_metrics,
     task_metric_kwargs,
     text_predictions_file_name,
     write_classification_results,
     write_predictions,
 )
-from robust_pretrain.vision.finetune_model import (
-    MULTIMAE_HEADS,
+from robust_pretrain.vision.finetune.model import (
     checkpoint_model_type,
     checkpoint_normalisation,
     load_model,
@@ -98,69 +89,31 @@ from robust_pretrain.vision.finetune_model import (
     requested_image_size,
     save_merged,
 )
-from robust_pretrain.vision.finetune_trainer import (
-    ORIGINAL_TARGET,
-    TARGET_SIZE,
+from robust_pretrain.vision.finetune.trainer import (
     DenseCollator,
     DenseTrainer,
     OriginalTargets,
-    upsample_predictions,
 )
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 
-__all__ = [  # the recipe's names, wherever they are defined (importable from here as before the split)
+__all__ = [
     "EIGEN_FRAME",
-    "LABELS_FILE",
     "MERGED_DIR",
-    "MULTIMAE_HEADS",
-    "ORIGINAL_TARGET",
     "PREDICTIONS_PLOT",
-    "PRIMARY_METRICS",
-    "SCENE_SPLITS",
-    "TARGET_SIZE",
-    "TASKS",
     "CheckedInputs",
-    "DenseCollator",
-    "DenseDataArguments",
-    "DenseLoraArguments",
-    "DenseModelArguments",
-    "DenseRunArguments",
-    "DenseTrainer",
-    "DenseTrainingArguments",
-    "OriginalTargets",
-    "TaskData",
     "attach_transforms",
-    "build_compute_metrics",
     "build_image_processor",
     "build_trainer",
     "check_inputs",
-    "checkpoint_model_type",
-    "checkpoint_normalisation",
-    "compute_task_metrics",
     "evaluate_and_report",
     "fine_tuning_image_size",
-    "first_output",
-    "flatten_metrics",
-    "load_model",
-    "load_task_data",
     "main",
-    "parameter_groups",
-    "predictions_file_name",
-    "recompute_metrics",
-    "require_task_targets",
-    "requested_image_size",
     "run",
     "run_finetune",
-    "save_merged",
-    "target_sizes",
-    "task_metric_kwargs",
-    "text_predictions_file_name",
     "train_and_save",
-    "upsample_predictions",
     "warn_reduced_labels",
-    "write_classification_results",
     "write_prediction_files",
-    "write_predictions",
 ]
 
 logger = logging.getLogger(__name__)

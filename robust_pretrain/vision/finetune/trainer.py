@@ -12,8 +12,8 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import EvalLoopOutput
 
-from robust_pretrain.vision.finetune_metrics import first_output
-from robust_pretrain.vision.image_processing_multimae import MultiMAETransform
+from robust_pretrain.vision.finetune.metrics import first_output
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAETransform
 
 ORIGINAL_TARGET, TARGET_SIZE = "original_target", "target_size"  # evaluation batches: labels at their own size
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 MODEL_TYPE = "multimae"
 """``MultiMAEConfig.model_type``: the key of the MM-MAE config in ``CONFIG_MAPPING``."""
-CONFIG_MODULE = "robust_pretrain.vision.configuration_multimae"
+CONFIG_MODULE = "robust_pretrain.vision.multimae.configuration_multimae"
 _GUARDED_PACKAGES = ("transformers", "robust_pretrain")
 
 
@@ -60,10 +60,10 @@ REGISTRANTS = {
         CONFIG_MODULE, _is_model_type, True, lambda module: [module.CONFIG_MAPPING]
     ),
     "transformers.models.auto.modeling_auto": Registrant(
-        "robust_pretrain.vision.modeling_multimae", _is_config_class, False, _model_mappings
+        "robust_pretrain.vision.multimae.modeling_multimae", _is_config_class, False, _model_mappings
     ),
     "transformers.models.auto.image_processing_auto": Registrant(
-        "robust_pretrain.vision.image_processing_multimae",
+        "robust_pretrain.vision.multimae.image_processing_multimae",
         _is_config_class,
         True,
         lambda module: [module.IMAGE_PROCESSOR_MAPPING],

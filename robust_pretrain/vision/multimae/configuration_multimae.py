@@ -137,9 +137,11 @@ class MultiMAEConfig(PretrainedConfig):
     ``finetune_modalities`` are the inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense
     heads are DPT reassemble-and-fuse heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes``
     / ``fusion_hidden_size`` channels; ``semseg_head="convnext"`` gives semantic segmentation MultiMAE's ConvNeXt
-    head instead (:class:`~robust_pretrain.vision.heads.ConvNeXtSegmentationHead` over the encoder's last layer,
+    head instead (:class:`~robust_pretrain.vision.multimae.convnext_head.ConvNeXtSegmentationHead` over the encoder's
+    last layer,
     ``convnext_head_dim`` / ``convnext_preds_per_patch`` / ``convnext_num_blocks``: MultiMAE's 6144 / 16 / 4), and
-    ``depth_loss="berhu"`` depth estimation MultiMAE's berHu loss instead of L1 (:mod:`robust_pretrain.vision.losses`).
+    ``depth_loss="berhu"`` depth estimation MultiMAE's berHu loss instead of L1
+    (:mod:`robust_pretrain.vision.multimae.losses`).
 
     Args:
         modalities: list of :class:`ModalitySpec` (or their dicts); default rgb, depth, semseg (40 classes).
@@ -285,8 +287,8 @@ class MultiMAEConfig(PretrainedConfig):
         model_type = config_dict.get("model_type")
         if model_type != cls.model_type:
             hint = (
-                " A ViT checkpoint (e.g. one written by robust_pretrain.vision.export) loads with transformers' "
-                "ViTModel / ViTForImageClassification instead."
+                " A ViT checkpoint (e.g. one written by robust_pretrain.vision.multimae.export) loads with "
+                "transformers' ViTModel / ViTForImageClassification instead."
                 if model_type == "vit"
                 else ""
             )

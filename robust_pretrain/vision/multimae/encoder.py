@@ -4,7 +4,7 @@ Each modality is cut into ``patch_size`` patches and projected by its own linear
 first for semantic maps); the visible patches of all modalities, each plus its fixed 2D sine-cosine position
 embedding, follow ``num_global_tokens`` learned global tokens into one shared ViT encoder (transformers'
 ``ViTLayer``). With one global token and RGB input it computes exactly what a ``ViTModel`` computes, which is what
-:mod:`robust_pretrain.vision.export` relies on."""
+:mod:`robust_pretrain.vision.multimae.export` relies on."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.vit.modeling_vit import ViTLayer
 
 from .configuration_multimae import ModalitySpec, MultiMAEConfig
+from .decoder import MultiMAEDecoder
 from .modality_values import check_class_ids, prepare_depth
-from .multimae_decoder import MultiMAEDecoder
 from .patch_grid import sincos_position_embedding
 
 

@@ -7,7 +7,7 @@ layer norm carry over unchanged. ``ViTModel`` / ``ViTForImageClassification.from
 without custom code (the pooler, which MM-MAE lacks, and any classifier are initialised as usual). Only the RGB
 (or the named pixel) modality's projection is exported; the other modalities and the decoders are not.
 
-Command line: ``python -m robust_pretrain.vision.export <MM-MAE checkpoint> <output dir> [--modality rgb]``.
+Command line: ``python -m robust_pretrain.vision.multimae.export <MM-MAE checkpoint> <output dir> [--modality rgb]``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from robust_pretrain.cli import ConsoleArgumentParser, UsageError, check_checkpo
 from robust_pretrain.options import path_problem
 
 from .configuration_multimae import MultiMAEConfig
-from .modeling_multimae import MultiMAEModel, MultiMAEPreTrainedModel, sincos_position_embedding
+from .encoder import MultiMAEModel, MultiMAEPreTrainedModel
+from .patch_grid import sincos_position_embedding
 
 
 def encoder_to_vit(model: MultiMAEPreTrainedModel, modality: str | None = None) -> ViTModel:

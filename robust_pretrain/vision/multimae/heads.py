@@ -17,11 +17,11 @@ from transformers.modeling_outputs import DepthEstimatorOutput, ImageClassifierO
 from transformers.models.dpt.modeling_dpt import DPTDepthEstimationHead, DPTNeck, DPTSemanticSegmentationHead
 
 from .configuration_multimae import MultiMAEConfig
-from .heads import ConvNeXtSegmentationHead
+from .convnext_head import ConvNeXtSegmentationHead
+from .encoder import MultiMAEModel, MultiMAEModelOutput, MultiMAEPreTrainedModel
 from .lora import is_lora_output, load_lora_output
 from .losses import depth_loss
 from .modality_values import check_class_ids
-from .multimae_encoder import MultiMAEModel, MultiMAEModelOutput, MultiMAEPreTrainedModel
 
 
 class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
@@ -40,7 +40,7 @@ class MultiMAEFineTuningModel(MultiMAEPreTrainedModel):
     ) -> MultiMAEFineTuningModel:
         """``PreTrainedModel.from_pretrained``; a LoRA output folder of ``robust-pretrain-finetune-dense`` (adapters,
         head and ``config.json``, no model weights) loads as the base checkpoint its ``adapter_config.json`` names
-        with the adapters and the head merged in (:mod:`robust_pretrain.vision.lora`)."""
+        with the adapters and the head merged in (:mod:`robust_pretrain.vision.multimae.lora`)."""
         if is_lora_output(pretrained_model_name_or_path):
             return load_lora_output(super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
@@ -249,7 +249,7 @@ class MultiMAEForDepthEstimation(MultiMAEDenseModel):
 
     ``predicted_depth`` (B, H, W) is upsampled (bilinear) to the label size when ``labels`` are given, else to the
     input size. Loss (``config.depth_loss``): L1 in metres over the valid pixels (label > 0 and finite), 0 when a
-    batch has none, or MultiMAE's berHu over them (:func:`~robust_pretrain.vision.losses.depth_loss`). L1 by
+    batch has none, or MultiMAE's berHu over them (:func:`~robust_pretrain.vision.multimae.losses.depth_loss`). L1 by
     default rather than the scale-invariant log loss: it scores the metric depth the metrics (δ1, AbsRel, RMSE)
     evaluate, is the pre-training depth loss, and needs no log of a zero prediction from the ReLU output.
     """

@@ -15,7 +15,7 @@ from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from transformers.processing_utils import ImagesKwargs
 
 from robust_pretrain.seeding import SharedEpoch, keyed_rng, stable_hash
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,9 @@ from torch.nn import functional as F
 from transformers.utils import ModelOutput
 
 from .configuration_multimae import ModalitySpec, MultiMAEConfig
+from .decoder import MultiMAEDecoder
+from .encoder import MultiMAEModel, MultiMAEPreTrainedModel
 from .modality_values import check_class_ids, prepare_depth
-from .multimae_decoder import MultiMAEDecoder
-from .multimae_encoder import MultiMAEModel, MultiMAEPreTrainedModel
 from .patch_grid import patchify, sincos_position_embedding, unpatchify
 
 
