@@ -1,5 +1,5 @@
 """Dense vision as a suite family: semantic segmentation (mIoU), depth (δ1) and classification (top-1), each cell a
-:func:`robust_pretrain.vision.finetune.run_finetune` call. Every primary metric is higher-is-better, x100.
+:func:`robust_pretrain.vision.finetune.recipe.run_finetune` call. Every primary metric is higher-is-better, x100.
 
 A ``random-init:<checkpoint>`` entry fine-tunes the checkpoint's architecture from random weights (seeded by the
 cell's seed; ``finetune_dense --random_init``): the row that says whether pre-training helps at all."""

@@ -346,7 +346,7 @@ def dense_card_content(
         ),
         inputs=" + ".join(model_args.input_modalities),
         notes=(
-            f"Per-image predictions: `{predictions_file}` (`robust_pretrain.vision.finetune.recompute_metrics` "
+            f"Per-image predictions: `{predictions_file}` (`robust_pretrain.vision.finetune.metrics.recompute_metrics` "
             "recomputes the table from it); input / prediction / target of a few images: `predictions.png`.",
             *(
                 (
