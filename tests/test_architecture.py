@@ -400,3 +400,17 @@ def test_the_export_check_catches_a_reexported_name_and_spares_package_inits(tmp
         "from .own import helper\nfrom pathlib import Path\n__all__ = ['Path', 'helper']\n"
     )
     assert foreign_exports(package) == ["robust_pretrain/sub/facade.py: __all__ lists Path, helper, defined elsewhere"]
+
+
+def test_the_packages_export_each_public_name_for_one_object_only() -> None:
+    """No two public classes (or functions, constants) share a name: ``TaskSpec`` is the PoS task spec only."""
+    import importlib
+
+    exported: dict[str, dict[int, str]] = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            exported.setdefault(name, {}).setdefault(id(getattr(module, name)), package)
+    clashes = {name: sorted(owners.values()) for name, owners in exported.items() if len(owners) > 1}
+    assert not clashes, clashes

@@ -46,13 +46,13 @@ from robust_pretrain.reporting.task_report import (
 
 __all__ = [
     "CARD_CONTENT_NAME",
+    "CardTaskFamily",
     "EWT_TRAINING_DATA",
     "FineTunedMetric",
     "FineTuningCardContent",
     "TASK_REPORT_NAME",
     "TRAJECTORY_PLOT_NAME",
     "ModelCardContent",
-    "CardTaskFamily",
     "TrainingData",
     "build_model_card",
     "card_renderer",
