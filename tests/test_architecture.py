@@ -131,6 +131,22 @@ def package_imports(package_dir: Path) -> dict[tuple[str, str], list[str]]:
     return edges
 
 
+def missing_modules(package_dir: Path) -> list[str]:
+    """Imports of a module of the package that is no file of it (e.g. a moved module's old name, which
+    ``robust_pretrain.MOVED_MODULES`` keeps importable for saved files only)."""
+    problems = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in runtime_imports(ast.parse(path.read_text(), filename=str(path))):
+            for module in imported_modules(node, path, package_dir):
+                parts = module.split(".")
+                if parts[0] != package_dir.name:
+                    continue
+                target = package_dir.parent.joinpath(*parts)
+                if not (target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()):
+                    problems.append(f"{path.relative_to(package_dir.parent)}:{node.lineno} imports {module}, no module")
+    return problems
+
+
 def violations(package_dir: Path, page_text: str) -> list[str]:
     """Every way the package breaks the page's rules, one line each (empty when it keeps them)."""
     placed = floors(page_text)
@@ -160,6 +176,7 @@ def violations(package_dir: Path, page_text: str) -> list[str]:
                 f"(floor {placed.get(imported, '?')}) at {', '.join(where)}"
             )
     problems += [f"exception {a} -> {b} is not used any more" for a, b in sorted(allowed - set(edges))]
+    problems += missing_modules(package_dir)
     by_module = module_third_party_imports(package_dir)
     for module in sorted(name for name in light if "." in name):
         if not (package_dir / f"{module.replace('.', '/')}.py").is_file():
@@ -223,6 +240,13 @@ TOY_PAGE = """
 
 def test_checker_accepts_downward_and_type_checking_imports(toy_package: Path) -> None:
     assert violations(toy_package, TOY_PAGE) == []
+
+
+def test_checker_reports_an_import_of_a_module_that_is_not_there(toy_package: Path) -> None:
+    (toy_package / "high" / "old.py").write_text("from robust_pretrain.low.moved import thing\n")
+    assert violations(toy_package, TOY_PAGE) == [
+        "robust_pretrain/high/old.py:1 imports robust_pretrain.low.moved, no module"
+    ]
 
 
 def test_checker_reports_an_upward_import_inside_a_function(toy_package: Path) -> None:
