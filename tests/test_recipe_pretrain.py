@@ -1,4 +1,4 @@
-"""End-to-end tests of the PoS-MLM pre-training recipe (``robust_pretrain.pretraining.pos_mlm``, run as
+"""End-to-end tests of the PoS-MLM pre-training recipe (``robust_pretrain.pretraining.pos_mlm.recipe``, run as
 ``recipes/pretrain_pos_mlm.py``; GitHub issue 4), on tiny budgets.
 
 The recipe's ``main(argv)`` runs in-process; subprocesses are used only for several processes. One from-scratch run
@@ -25,7 +25,8 @@ from processes import checkout_env, wait_for_checkpoint
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import common as recipe_common
-from robust_pretrain.pretraining import pos_mlm as recipe
+from robust_pretrain.pretraining.pos_mlm import recipe
+from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES = REPO_ROOT / "recipes"
@@ -427,10 +428,10 @@ def test_wordpiece_training_is_deterministic() -> None:
     from robust_pretrain.data import load_ewt_corpus
 
     texts = load_ewt_corpus("train")["text"][:600]
-    vocabularies = [recipe.train_wordpiece_tokenizer(texts, 800).get_vocab() for _ in range(4)]
+    vocabularies = [train_wordpiece_tokenizer(texts, 800).get_vocab() for _ in range(4)]
     assert all(vocabulary == vocabularies[0] for vocabulary in vocabularies)
     assert len(vocabularies[0]) == 800
-    tokenizer = recipe.train_wordpiece_tokenizer(texts, 800)
+    tokenizer = train_wordpiece_tokenizer(texts, 800)
     # the continuation pieces are ordinary vocabulary, not added special tokens: "##s" in a text is no token
     assert set(tokenizer.get_added_vocab()) == {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
     assert "##s" in tokenizer.get_vocab() and tokenizer.tokenize("##s") == ["#", "#", "s"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.pretraining import causal_lm
-from robust_pretrain.pretraining.causal_lm_data import load_domain_texts
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
+from robust_pretrain.pretraining.causal_lm.data import load_domain_texts
 
 
 def _jsonl(path: Path, rows: list[tuple[str, str]]) -> Path:
