@@ -32,11 +32,12 @@ import numpy as np
 import torch
 import transformers
 
-from robust_pretrain.pretraining import multimae as recipe
+from robust_pretrain.pretraining.multimae import recipe
+from robust_pretrain.pretraining.multimae.arguments import MODEL_SIZES
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.configuration_multimae import DECODER_TYPES, ModalitySpec, MultiMAEConfig
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.multimae.configuration_multimae import DECODER_TYPES, ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 from robust_pretrain.vision.scenes import NUM_CLASSES, SceneConfig, generate_scenes
 
 RESULTS = Path(__file__).with_name("results")
@@ -49,9 +50,7 @@ GEOMETRIES = {
 
 
 def model_config(preset: str, image: int, patch: int, decoder_type: str) -> MultiMAEConfig:
-    layers, hidden, heads, intermediate, dec_hidden, dec_layers, dec_heads, dec_intermediate = recipe.MODEL_SIZES[
-        preset
-    ]
+    layers, hidden, heads, intermediate, dec_hidden, dec_layers, dec_heads, dec_intermediate = MODEL_SIZES[preset]
     return MultiMAEConfig(
         modalities=[ModalitySpec("rgb", "rgb"), ModalitySpec("depth", "depth"),
                     ModalitySpec("semseg", "semseg", num_classes=NUM_CLASSES)],

@@ -35,11 +35,11 @@ from PIL import Image
 from transformers import Trainer, TrainingArguments
 
 from robust_pretrain.trainer import MinimaxTrainer
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.multimae.configuration_multimae import ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 from robust_pretrain.vision.scenes import NUM_CLASSES, SceneConfig, generate_scenes
 
 RESULTS = Path(__file__).with_name("results")

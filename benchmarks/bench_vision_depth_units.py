@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from robust_pretrain.pretraining import multimae as recipe
+from robust_pretrain.pretraining.multimae import recipe
 
 RESULTS = Path(__file__).with_name("results")
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "vision_demo.yaml"

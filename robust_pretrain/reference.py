@@ -1,6 +1,6 @@
 """Reference-relative objectives: the per-task reference losses of ``loss_normalization='excess'``.
 
-Two sources, both declared on :class:`~robust_pretrain.training_args.MinimaxTrainingArguments`:
+Two sources, both declared on :class:`~robust_pretrain.trainer.training_args.MinimaxTrainingArguments`:
 
 * ``--reference_run DIR`` (static): the held-out per-task losses of a finished run, read from its
   ``task_report.json`` (typically the same recipe trained with ``proportional``).

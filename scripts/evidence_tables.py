@@ -408,7 +408,7 @@ def write_reference_card(run_dir: Path, name: str, args: argparse.Namespace, sui
     card.data.model_name, card.data.base_model = name, args.base_model
     options = json.loads((run_dir / "compare_settings.json").read_text())["options"]
     pretraining = shlex.join(
-        ["python", "-m", "robust_pretrain.pretraining.pos_mlm", *options, "--output_dir", str(run_dir)]
+        ["python", "-m", "robust_pretrain.pretraining.pos_mlm.recipe", *options, "--output_dir", str(run_dir)]
     )
     commands = []
     for command in (pretraining, *suite_commands):

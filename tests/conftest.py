@@ -29,7 +29,7 @@ def shared_data() -> Path:
 @pytest.fixture
 def local_hub() -> Iterator:
     """A local Hub-compatible server, with the in-process client pointed at it (online) for the test's duration."""
-    from robust_pretrain.testing import LocalHubServer, use_local_hub
+    from local_hub import LocalHubServer, use_local_hub
 
     with LocalHubServer() as hub, use_local_hub(hub.endpoint):
         yield hub

@@ -51,6 +51,8 @@ def exceptions(text: str) -> set[tuple[str, str]]:
 
 
 def third_party_allowed(text: str) -> dict[str, set[str]]:
+    """Package or module (its dotted path in the package, e.g. ``trainer.task_metrics``) -> the third-party imports
+    it may make."""
     return {names(package)[0]: set(names(allowed)) for package, allowed in page_table(text, "third-party")}
 
 
@@ -93,6 +95,20 @@ def imported_modules(node: ast.Import | ast.ImportFrom, path: Path, package_dir:
     return [".".join([*base, alias.name]) for alias in node.names]
 
 
+def module_third_party_imports(package_dir: Path) -> dict[str, dict[str, list[str]]]:
+    """Module (dotted path in the package) -> third-party package it imports -> where."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        module = ".".join(path.relative_to(package_dir).with_suffix("").parts)
+        for node in runtime_imports(ast.parse(path.read_text(), filename=str(path))):
+            for imported in imported_modules(node, path, package_dir):
+                top = imported.split(".")[0]
+                if top not in (package_dir.name, "__future__") and top not in sys.stdlib_module_names:
+                    where = f"{path.relative_to(package_dir.parent)}:{node.lineno}"
+                    found.setdefault(module, {}).setdefault(top, []).append(where)
+    return found
+
+
 def package_imports(package_dir: Path) -> dict[tuple[str, str], list[str]]:
     """``(importer, imported) -> [where]`` for imports between distinct top-level packages, and
     ``(importer, "third-party:NAME") -> [where]`` for imports from outside the package and the standard library."""
@@ -113,6 +129,22 @@ def package_imports(package_dir: Path) -> dict[tuple[str, str], list[str]]:
                 where = f"{path.relative_to(package_dir.parent)}:{node.lineno}"
                 edges.setdefault((importer, imported), []).append(where)
     return edges
+
+
+def missing_modules(package_dir: Path) -> list[str]:
+    """Imports of a module of the package that is no file of it (e.g. a moved module's old name, which
+    ``robust_pretrain.MOVED_MODULES`` keeps importable for saved files only)."""
+    problems = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in runtime_imports(ast.parse(path.read_text(), filename=str(path))):
+            for module in imported_modules(node, path, package_dir):
+                parts = module.split(".")
+                if parts[0] != package_dir.name:
+                    continue
+                target = package_dir.parent.joinpath(*parts)
+                if not (target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()):
+                    problems.append(f"{path.relative_to(package_dir.parent)}:{node.lineno} imports {module}, no module")
+    return problems
 
 
 def violations(package_dir: Path, page_text: str) -> list[str]:
@@ -144,6 +176,16 @@ def violations(package_dir: Path, page_text: str) -> list[str]:
                 f"(floor {placed.get(imported, '?')}) at {', '.join(where)}"
             )
     problems += [f"exception {a} -> {b} is not used any more" for a, b in sorted(allowed - set(edges))]
+    problems += missing_modules(package_dir)
+    by_module = module_third_party_imports(package_dir)
+    for module in sorted(name for name in light if "." in name):
+        if not (package_dir / f"{module.replace('.', '/')}.py").is_file():
+            problems.append(f"{module}: named in the third-party table of {PAGE.name} but not in the package")
+        for name, where in sorted(by_module.get(module, {}).items()):
+            if name not in light[module]:
+                problems.append(
+                    f"{module} imports {name} (allowed: {sorted(light[module]) or 'nothing'}) at {where[0]}"
+                )
     return problems
 
 
@@ -200,6 +242,13 @@ def test_checker_accepts_downward_and_type_checking_imports(toy_package: Path) -
     assert violations(toy_package, TOY_PAGE) == []
 
 
+def test_checker_reports_an_import_of_a_module_that_is_not_there(toy_package: Path) -> None:
+    (toy_package / "high" / "old.py").write_text("from robust_pretrain.low.moved import thing\n")
+    assert violations(toy_package, TOY_PAGE) == [
+        "robust_pretrain/high/old.py:1 imports robust_pretrain.low.moved, no module"
+    ]
+
+
 def test_checker_reports_an_upward_import_inside_a_function(toy_package: Path) -> None:
     (toy_package / "low" / "late.py").write_text("def f():\n    from robust_pretrain.high import user\n")
     (problem,) = violations(toy_package, TOY_PAGE)
@@ -212,6 +261,15 @@ def test_checker_reports_a_forbidden_third_party_import_and_an_unplaced_package(
     problems = violations(toy_package, TOY_PAGE)
     assert "extra: no floor of architecture.md names it" in problems
     assert any(p.startswith("low imports transformers (allowed: ['torch'])") for p in problems)
+
+
+def test_checker_reports_a_third_party_import_of_a_light_module_inside_a_package(toy_package: Path) -> None:
+    (toy_package / "high" / "light.py").write_text("import numpy\n")
+    page = TOY_PAGE + "| `high.light` | none |\n| `high.gone` | none |\n"
+    assert violations(toy_package, page) == [
+        "high.gone: named in the third-party table of architecture.md but not in the package",
+        "high.light imports numpy (allowed: nothing) at robust_pretrain/high/light.py:1",
+    ]
 
 
 # --- one home per concern (docs/architecture.md, "House rules") ------------------------------------------------------
@@ -304,3 +362,79 @@ def test_house_rules_catch_a_private_import_a_card_in_a_recipe_a_reporting_cycle
         "robust_pretrain/reporting/plots.py:2 imports robust_pretrain.reporting.cards inside a function",
         "reporting/ import cycle: cards -> plots -> cards",
     ]
+
+
+# --- __all__ means public: a module exports what it defines ---------------------------------------------------------
+
+
+def defined_names(body: list[ast.stmt]) -> set[str]:
+    """The names a module's own statements bind at module level (imports left out; `if`/`try` blocks looked into)."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody"):
+                names |= defined_names(getattr(node, block, []))
+            for handler in getattr(node, "handlers", []):
+                names |= defined_names(handler.body)
+    return names
+
+
+def foreign_exports(package_dir: Path) -> list[str]:
+    """Each name a module's ``__all__`` lists but the module does not define, one line each (a package's
+    ``__init__`` may export its modules' names)."""
+    problems = []
+    for path in sorted(package_dir.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        exported = [
+            element.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+            for element in ast.walk(node.value)
+            if isinstance(element, ast.Constant) and isinstance(element.value, str)
+        ]
+        foreign = sorted(set(exported) - defined_names(tree.body))
+        if foreign:
+            name = path.relative_to(package_dir.parent).as_posix()
+            problems.append(f"{name}: __all__ lists {', '.join(foreign)}, defined elsewhere")
+    return problems
+
+
+def test_a_module_exports_only_the_names_it_defines() -> None:
+    problems = foreign_exports(PACKAGE)
+    assert not problems, "__all__ means public: import a name from the module that defines it\n" + "\n".join(problems)
+
+
+def test_the_export_check_catches_a_reexported_name_and_spares_package_inits(tmp_path: Path) -> None:
+    package = tmp_path / "robust_pretrain"
+    (package / "sub").mkdir(parents=True)
+    (package / "sub" / "__init__.py").write_text("from .own import VALUE, helper\n__all__ = ['VALUE', 'helper']\n")
+    (package / "sub" / "own.py").write_text(
+        "from pathlib import Path\nVALUE: int = 1\ntry:\n    X = 2\nexcept ImportError:\n    pass\n"
+        "def helper():\n    pass\n__all__ = ['VALUE', 'X', 'helper']\n"
+    )
+    assert foreign_exports(package) == []
+    (package / "sub" / "facade.py").write_text(
+        "from .own import helper\nfrom pathlib import Path\n__all__ = ['Path', 'helper']\n"
+    )
+    assert foreign_exports(package) == ["robust_pretrain/sub/facade.py: __all__ lists Path, helper, defined elsewhere"]
+
+
+def test_the_packages_export_each_public_name_for_one_object_only() -> None:
+    """No two public classes (or functions, constants) share a name: ``TaskSpec`` is the PoS task spec only."""
+    import importlib
+
+    exported: dict[str, dict[int, str]] = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            exported.setdefault(name, {}).setdefault(id(getattr(module, name)), package)
+    clashes = {name: sorted(owners.values()) for name, owners in exported.items() if len(owners) > 1}
+    assert not clashes, clashes

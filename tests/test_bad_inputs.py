@@ -36,14 +36,18 @@ from robust_pretrain.evaluation import suite
 from robust_pretrain.glue import finetune as glue_finetune
 from robust_pretrain.hub import main as publish_main
 from robust_pretrain.options import LoraArguments
-from robust_pretrain.pretraining import causal_lm, compare, mixture, multimae, pos_mlm
+from robust_pretrain.pretraining import compare, mixture
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
+from robust_pretrain.pretraining.multimae import recipe as multimae
+from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 from robust_pretrain.trainer import MinimaxTrainer
-from robust_pretrain.training_args import MinimaxTrainingArguments
-from robust_pretrain.vision import export, pseudo_label
-from robust_pretrain.vision import finetune as dense_finetune
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
+from robust_pretrain.vision import pseudo_label
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.finetune import recipe as dense_finetune
+from robust_pretrain.vision.multimae import export
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 from robust_pretrain.weighting import build_weighting
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -893,11 +897,11 @@ def test_the_matrix_is_large_enough() -> None:
 def test_a_worst_case_over_one_task_warns(tmp_path: Path, caplog) -> None:
     """One task (or domain) under a worst-case strategy is plain training: a warning line says so; the plain mean
     over one task needs none."""
-    with caplog.at_level(logging.WARNING, logger="robust_pretrain.training_args"):
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.trainer.training_args"):
         MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="minimax")
     assert "task_names ['web']: one task, so weighting='minimax' has no other task" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="robust_pretrain.training_args"):
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.trainer.training_args"):
         MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web"], weighting="average")
         MinimaxTrainingArguments(str(tmp_path / "out"), task_names=["web", "mail"], weighting="minimax")
     assert "one task" not in caplog.text
@@ -933,12 +937,12 @@ def test_fine_tuning_without_the_label_reduction_of_pretraining_warns(tmp_path: 
     reduced, plain = tmp_path / "reduced", tmp_path / "plain"
     MultiMAEImageProcessor(do_reduce_labels=True).save_pretrained(reduced)
     MultiMAEImageProcessor().save_pretrained(plain)
-    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune"):
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune.recipe"):
         dense_finetune.warn_reduced_labels(str(reduced), "semseg", do_reduce_labels=False)
     assert f"{reduced} was pre-trained with --do_reduce_labels (0 = unlabelled)" in caplog.text
     assert "pass --do_reduce_labels true" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune"):
+    with caplog.at_level(logging.WARNING, logger="robust_pretrain.vision.finetune.recipe"):
         dense_finetune.warn_reduced_labels(str(reduced), "semseg", do_reduce_labels=True)
         dense_finetune.warn_reduced_labels(str(reduced), "depth", do_reduce_labels=False)
         dense_finetune.warn_reduced_labels(str(plain), "semseg", do_reduce_labels=False)
@@ -1006,7 +1010,7 @@ def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: lis
     (workspace / "untokenized").mkdir()
     (workspace / "untokenized" / "config.json").write_text('{"model_type": "bert", "vocab_size": 8000}')
     argv = [_fill(token, workspace, workspace) for token in [*options, "--output_dir", "{tmp}/run", "--max_steps", "1"]]
-    code = f"import sys; from robust_pretrain.pretraining import {module}; sys.exit({module}.main(sys.argv[1:]))"
+    code = f"import sys; from robust_pretrain.pretraining.{module} import recipe; sys.exit(recipe.main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=checkout_env())
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()

@@ -42,7 +42,7 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from robust_pretrain import MinimaxTrainer
-from robust_pretrain.causal_lm_loss import CHUNK_RANGE, LogitTransform, chunked_head_losses, default_chunk_size
+from robust_pretrain.trainer.next_token_loss import CHUNK_RANGE, LogitTransform, chunked_head_losses, default_chunk_size
 
 N, HIDDEN, VOCAB = 13, 8, 11
 CAPPED = LogitTransform(scale=0.5, softcap=2.0)

@@ -29,7 +29,8 @@ from robust_pretrain.cli import (
     looks_like_path,
     run_console,
 )
-from robust_pretrain.pretraining import compare, pos_mlm
+from robust_pretrain.pretraining import compare
+from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 
 PROG = "robust-pretrain-pos-mlm"
 
@@ -212,7 +213,7 @@ def test_compare_run_failure_is_one_paragraph(tmp_path: Path, capsys, monkeypatc
     assert_one_paragraph(
         capsys.readouterr().err,
         f"the run in {out / 'minimax' / 'seed-42'} failed (exit status 2); its message is above.",
-        "-m robust_pretrain.pretraining.pos_mlm --weighting minimax --seed 42 --output_dir",
+        "-m robust_pretrain.pretraining.pos_mlm.recipe --weighting minimax --seed 42 --output_dir",
         prog="robust-pretrain-compare",
     )
     assert not (out / "minimax" / "seed-42" / compare.RUN_SETTINGS_NAME).exists()

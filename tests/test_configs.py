@@ -78,7 +78,7 @@ def test_the_pos_mlm_demo_by_name_reaches_the_data_and_names_where_it_looked(tmp
     """From an empty directory without the shared data: the packaged demo is read (its options are accepted), and the
     run stops at the missing UD-EWT folder, named relative to the current directory, not to the package."""
     from robust_pretrain.data.corpus import UD_DIR_ENV
-    from robust_pretrain.pretraining import pos_mlm
+    from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(UD_DIR_ENV, raising=False)
@@ -96,7 +96,7 @@ def test_the_pos_mlm_demo_by_name_reaches_the_data_and_names_where_it_looked(tmp
 def test_the_recipes_refuse_an_unknown_config_name_with_exit_status_2(prog, tmp_path, monkeypatch, capsys):
     import importlib
 
-    recipe = importlib.import_module(f"robust_pretrain.pretraining.{prog}")
+    recipe = importlib.import_module(f"robust_pretrain.pretraining.{prog}.recipe")
     monkeypatch.chdir(tmp_path)
     assert recipe.main(["--config", "vision_dem", "--output_dir", "out"]) == 2
     err = capsys.readouterr().err.strip()

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
+from local_hub import DEFAULT_TOKEN, DEFAULT_USER
 
 from robust_pretrain.data import load_ewt_corpus
 from robust_pretrain.data.conllu import read_conllu
 from robust_pretrain.data.corpus import DEFAULT_UD_DIR, paragraphs
 from robust_pretrain.data.word_tokenizer import word_tokenize
-from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER
 
 
 def test_corpus_is_the_treebank_paragraphs(shared_data):
@@ -87,7 +87,7 @@ def test_word_tokenizer_agrees_with_ewt_tokens(shared_data):
 
 def test_recipe_names_a_missing_ud_dir(tmp_path):
     from robust_pretrain.cli import UsageError
-    from robust_pretrain.pretraining import pos_mlm
+    from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 
     with pytest.raises(UsageError, match=f"--ud_dir: UD English-EWT folder not found: {tmp_path / 'nope'}"):
         pos_mlm.run(["--ud_dir", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "out"), "--max_steps", "1"])

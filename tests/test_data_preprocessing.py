@@ -309,7 +309,7 @@ def test_repeated_stream_reads_each_readers_shards_pass_after_pass(tmp_path):
 
 def test_streamed_batches_get_new_masks_in_every_pass(wordpiece):
     from robust_pretrain.data import TaskGroupedMLMCollator
-    from robust_pretrain.pretraining.pos_mlm import PremaskedOrTrainingCollator
+    from robust_pretrain.pretraining.pos_mlm.data import PremaskedOrTrainingCollator
 
     texts = [" ".join(["the cat sat on the mat and the dog ran to the park"] * 3)] * 4
     features = list(tokenize_and_tag(Dataset.from_dict({"text": texts}), wordpiece, max_seq_length=64))

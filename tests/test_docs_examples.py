@@ -39,3 +39,28 @@ def test_the_decoder_over_three_domain_files_runs_as_written(tmp_path, monkeypat
     assert len(sampling) == 4 and all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in sampling)
     assert sampling[-1] == pytest.approx(trainer.task_schedule.weights_at(20).tolist(), abs=1e-6)
     assert sampling[-1] != pytest.approx([1 / 3] * 3, abs=1e-4)  # minimax moved them
+
+
+@pytest.mark.slow
+def test_the_quickstart_and_its_lora_variant_run_as_written(tmp_path, monkeypatch):
+    """docs/quickstart.md's script (no ``remove_unused_columns``: the trainer keeps the collator's columns), then its
+    LoRA continuation: only the adapters and the head train, under minimax task weights."""
+    import torch
+
+    monkeypatch.setenv("ROBUST_PRETRAIN_UD_DIR", str(DOCS.parents[1] / "shared" / "data" / "ud_ewt"))
+    monkeypatch.chdir(tmp_path)  # the outputs land here, not in the checkout
+    namespace: dict = {}
+    exec(compile(docs_example("quickstart.md", "quickstart-example"), "docs/quickstart.md", "exec"), namespace)
+    assert namespace["trainer"].state.global_step == 30
+    assert "eval_worst_task_loss" in namespace["trainer"].evaluate()
+    exec(compile(docs_example("quickstart.md", "quickstart-lora-example"), "docs/quickstart.md", "exec"), namespace)
+    model, trainer = namespace["model"], namespace["trainer"]
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert trainable and all("lora_" in name or ".cls." in name for name in trainable)
+    frozen = dict(model.get_base_model().named_parameters())["bert.encoder.layer.0.attention.self.key.weight"]
+    assert not frozen.requires_grad
+    logged = [entry for entry in trainer.state.log_history if "task_weight/noun" in entry]
+    assert trainer.state.global_step == 30 and len(logged) == 3
+    weights = torch.tensor([logged[-1][f"task_weight/{t}"] for t in trainer.task_names])
+    assert weights.sum().item() == pytest.approx(1.0, abs=1e-5) and weights.std() > 1e-3  # minimax, not uniform
+    assert (tmp_path / "outputs" / "quickstart-lora" / "adapter" / "adapter_config.json").is_file()

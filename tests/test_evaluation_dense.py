@@ -19,9 +19,9 @@ from robust_pretrain.evaluation import suite
 from robust_pretrain.evaluation.checkpoints import checkpoint_key
 from robust_pretrain.vision import scenes
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.finetune import recompute_metrics
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.finetune.metrics import recompute_metrics
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 SIZE = 32
 EVIDENCE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vision_evidence.py"
@@ -136,7 +136,7 @@ def test_dense_suite_end_to_end(tmp_path: Path) -> None:
 def test_dense_suite_refuses_bad_checkpoints_before_any_cell(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from robust_pretrain.vision.export import export_vit
+    from robust_pretrain.vision.multimae.export import export_vit
 
     checkpoint = tmp_path / "mmmae"
     tiny_model(seed=0).save_pretrained(checkpoint)

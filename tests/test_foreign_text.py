@@ -16,7 +16,8 @@ from processes import checkout_env
 from robust_pretrain.data import get_tagger, load_ewt_corpus, tokenize_and_tag
 from robust_pretrain.data.preprocessing import task_word_counts
 from robust_pretrain.data.word_tokenizer import text_pieces, word_spans
-from robust_pretrain.pretraining import pos_mlm as recipe
+from robust_pretrain.pretraining.pos_mlm import recipe
+from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer
 
 FOREIGN_TEXTS = {  # real sentences, several per language
     "chinese": ["北京是中华人民共和国的首都，也是全国的政治和文化中心。", "他每天早上七点起床，然后去学校上课。",
@@ -176,7 +177,7 @@ def test_one_huge_line_is_tagged_with_the_memory_and_time_of_many_lines(tmp_path
 @pytest.fixture(scope="module")
 def wordpiece_tokenizer():
     texts = [t.replace("\n", " ") for t in load_ewt_corpus("train")["text"][:2000]]
-    return recipe.train_wordpiece_tokenizer(texts, 2000)
+    return train_wordpiece_tokenizer(texts, 2000)
 
 
 def test_task_word_counts_count_each_word_once(wordpiece_tokenizer):

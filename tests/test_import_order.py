@@ -15,25 +15,18 @@ import torch
 from tiny_vision import tiny_config
 
 import robust_pretrain
-from robust_pretrain.vision import auto_registration
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.multimae import auto_registration, modeling_multimae  # noqa: F401 (registers the models)
+from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 CHECKOUT = Path(robust_pretrain.__file__).resolve().parents[1]
-MODELING = "robust_pretrain.vision.modeling_multimae"
-PROCESSING = "robust_pretrain.vision.image_processing_multimae"
+MODELING = "robust_pretrain.vision.multimae.modeling_multimae"
+PROCESSING = "robust_pretrain.vision.multimae.image_processing_multimae"
 #: the MM-MAE model and the modules it is built from: none of them loads with text-only code
 MM_MAE_MODULES = (MODELING,) + tuple(
-    f"robust_pretrain.vision.{name}"
-    for name in (
-        "patch_grid",
-        "modality_values",
-        "multimae_encoder",
-        "multimae_decoder",
-        "multimae_pretraining",
-        "multimae_heads",
-    )
+    f"robust_pretrain.vision.multimae.{name}"
+    for name in ("patch_grid", "modality_values", "encoder", "decoder", "pretraining", "heads")
 )
 MODEL_CLASSES = ("BertModel", "ViTModel", "DPTForDepthEstimation", "SegformerForSemanticSegmentation")
 
@@ -116,7 +109,7 @@ ORDERS = {
         from transformers import BertModel, DPTForDepthEstimation
         """,
     "mm-mae-processor-then-package": """
-        from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+        from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
         from transformers import ViTModel
         import robust_pretrain
         """,
@@ -140,7 +133,7 @@ def test_a_text_only_script_never_loads_the_mm_mae_code():
         import json
         import robust_pretrain
         from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-        from robust_pretrain.pretraining import pos_mlm
+        from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
         from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig
         config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                             intermediate_size=16)

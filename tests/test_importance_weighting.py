@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from robust_pretrain import MinimaxTrainingArguments
-from robust_pretrain.task_sampling import (
+from robust_pretrain.trainer.task_sampling import (
     FixedWeighting,
     ImportanceWeighting,
     TaskSamplingSchedule,

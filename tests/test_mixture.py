@@ -33,7 +33,8 @@ from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data.domains import DomainCollator
 from robust_pretrain.pretraining import mixture
-from robust_pretrain.pretraining.causal_lm import WeightAverageCallback, read_domain_weights, sample_from_file
+from robust_pretrain.pretraining.causal_lm.arguments import read_domain_weights, sample_from_file
+from robust_pretrain.pretraining.causal_lm.recipe import WeightAverageCallback
 
 K, LENGTH, NATURAL = 8, 9, (0.2, 0.8)
 DOMAINS = ["rare", "common"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from robust_pretrain.pretraining import causal_lm, mixture
+from robust_pretrain.pretraining import mixture
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
 
 PROG = "robust-pretrain-mixture"
 BASE = ["--config", "decoder_demo", "--output_dir", "{out}"]

@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 
 from robust_pretrain.options import Accepted, LoraArguments, declared, declared_defaults, option_problems
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options
 
 OPTION_MODULES = (
     "robust_pretrain.options",
-    "robust_pretrain.training_args",
+    "robust_pretrain.trainer.training_args",
     "robust_pretrain.weighting.arguments",
-    "robust_pretrain.pretraining.pos_mlm_arguments",
-    "robust_pretrain.pretraining.multimae_arguments",
-    "robust_pretrain.pretraining.causal_lm_arguments",
+    "robust_pretrain.pretraining.pos_mlm.arguments",
+    "robust_pretrain.pretraining.multimae.arguments",
+    "robust_pretrain.pretraining.causal_lm.arguments",
     "robust_pretrain.glue.finetune",
     "robust_pretrain.glue.probe",
-    "robust_pretrain.vision.finetune_arguments",
+    "robust_pretrain.vision.finetune.arguments",
     "robust_pretrain.evaluation.suite",
     "robust_pretrain.vision.pseudo_label",
 )

@@ -17,7 +17,11 @@ from tiny_causal_lm import tiny_llama
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data import load_ewt_corpus
 from robust_pretrain.data.domains import ewt_genre_texts
-from robust_pretrain.pretraining import causal_lm, multimae, pos_mlm
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
+from robust_pretrain.pretraining.causal_lm.model import train_bpe_tokenizer
+from robust_pretrain.pretraining.multimae import recipe as multimae
+from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
+from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer
 from robust_pretrain.reference import (
     PROVENANCE_ENTRIES,
     Provenance,
@@ -300,7 +304,7 @@ def test_the_decoder_tells_its_training_data_from_its_held_out_data(tmp_path, ca
     """Streamed, each domain's first texts are its held-out data: the same first texts followed by the rest in another
     order differ from the reference in training_data only."""
     tokenizer = tmp_path / "tokenizer"
-    causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer)
+    train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer)
     streamed = ["--streaming", "true", "--stream_held_out_texts", "4", "--tokenizer_name", str(tokenizer)]
 
     def streamed_argv(output: str, *extra: str) -> list[str]:  # a stream holds out its first texts: no percentage
@@ -325,7 +329,7 @@ def test_a_streamed_pos_run_of_another_seed_accepts_its_reference_run(tmp_path) 
     for shard in range(2):
         (tmp_path / f"part-{shard}.txt").write_text("\n".join(texts[shard::2]) + "\n")
     (tmp_path / "valid.txt").write_text("\n".join(texts) + "\n")  # every task has held-out words
-    pos_mlm.train_wordpiece_tokenizer(texts, 600).save_pretrained(tmp_path / "tokenizer")
+    train_wordpiece_tokenizer(texts, 600).save_pretrained(tmp_path / "tokenizer")
 
     def run(output: str, seed: str, *extra: str) -> dict:
         return pos_mlm.run(

@@ -22,9 +22,10 @@ from robust_pretrain.data.domains import (
     ewt_genre_texts,
     pack_domains,
 )
-from robust_pretrain.pretraining import causal_lm
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
+from robust_pretrain.pretraining.causal_lm.model import train_bpe_tokenizer
 from robust_pretrain.reference import PROVENANCE_ENTRIES
-from robust_pretrain.task_sampling import TaskSamplingSchedule
+from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
 
 DOMAINS = ["answers", "email", "reviews"]
 
@@ -278,7 +279,7 @@ def test_weights_from_a_file_are_drawn_and_their_provenance_is_checked(tmp_path,
 
 @pytest.mark.slow
 def test_the_recipe_publishes_its_model_and_card(local_hub, tmp_path):
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER
 
     argv = recipe_argv(tmp_path, "pushed", "--push_to_hub", "true", "--hub_model_id", "tiny-decoder")
     causal_lm.run([*argv, "--hub_token", DEFAULT_TOKEN])
@@ -294,7 +295,7 @@ def test_a_streamed_run_extended_from_its_checkpoint_matches_an_uninterrupted_on
     """--streaming: every domain file a stream (its first texts held out), the domains drawn by the file's weights;
     3 steps, then extended to 6 from checkpoint-3 (the Trainer replays the stream), equals 6 steps in one go."""
     tokenizer_dir = tmp_path / "tokenizer"
-    causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer_dir)
+    train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(tokenizer_dir)
     weights = tmp_path / "weights.json"
     weights.write_text(json.dumps({"weights": {"answers": 0.5, "email": 0.3, "reviews": 0.2}}))  # no provenance
     streaming = ["--streaming", "true", "--stream_held_out_texts", "4", "--tokenizer_name", str(tokenizer_dir),

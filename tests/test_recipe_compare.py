@@ -24,7 +24,7 @@ from test_recipe_pretrain import (  # noqa: F401  (_one_thread: fixture)
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import compare
-from robust_pretrain.pretraining import pos_mlm as pretrain
+from robust_pretrain.pretraining.pos_mlm import recipe as pretrain
 
 OVERRIDES = [
     "--max_steps", "2", "--warmup_steps", "0", "--vocab_size", "1000", "--max_seq_length", "64",
@@ -43,7 +43,7 @@ def recipe_calls(monkeypatch) -> list[list[str]]:
         if command[:1] != [sys.executable]:  # not ours (matplotlib's font cache runs fc-list)
             return real_run(command, check=check, **kwargs)
         assert check is True
-        assert command[:3] == [sys.executable, "-m", "robust_pretrain.pretraining.pos_mlm"]
+        assert command[:3] == [sys.executable, "-m", "robust_pretrain.pretraining.pos_mlm.recipe"]
         calls.append(command)
         pretrain.run(command[3:])
         return subprocess.CompletedProcess(command, 0)

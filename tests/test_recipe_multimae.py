@@ -1,4 +1,4 @@
-"""End-to-end tests of the MM-MAE pre-training recipe (``robust_pretrain.pretraining.multimae``, run as
+"""End-to-end tests of the MM-MAE pre-training recipe (``robust_pretrain.pretraining.multimae.recipe``, run as
 ``recipes/pretrain_multimae.py``; GitHub issue 8, item 7) and of ``compare`` on the vision config, on tiny budgets.
 
 The recipe runs in-process where one process suffices; subprocesses for two processes and for the SIGKILL resume.
@@ -25,7 +25,7 @@ from test_recipe_pretrain import DEMO_CONFIG, assert_png, single_thread
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import compare
-from robust_pretrain.pretraining import multimae as recipe
+from robust_pretrain.pretraining.multimae import recipe
 from robust_pretrain.vision.collator import ModalityMaskCollator
 from robust_pretrain.vision.scenes import NUM_CLASSES, SceneConfig, generate_scenes
 
@@ -63,9 +63,8 @@ def _one_thread():
 def pushed_run(tmp_path_factory) -> tuple[Path, dict[str, bytes], str, dict[str, torch.Tensor]]:
     """One tiny run on generated scenes, pushed to a local Hub: (output dir, the Hub repo's files, repo id, the
     weights of the model loaded from the Hub by repo id)."""
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
     from transformers import AutoModelForPreTraining
-
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 
     output_dir = tmp_path_factory.mktemp("multimae") / "run"
     repo_id = f"{DEFAULT_USER}/tiny-multimae"
@@ -360,7 +359,7 @@ def test_compare_on_the_vision_config(tmp_path: Path, monkeypatch) -> None:
     def run(command, check=False, **kwargs):
         if command[:1] != [sys.executable]:  # matplotlib's font cache runs fc-list
             return real_run(command, check=check, **kwargs)
-        assert command[:3] == [sys.executable, "-m", "robust_pretrain.pretraining.multimae"]
+        assert command[:3] == [sys.executable, "-m", "robust_pretrain.pretraining.multimae.recipe"]
         calls.append(command)
         recipe.run(command[3:])
         return subprocess.CompletedProcess(command, 0)
@@ -421,7 +420,8 @@ def test_compare_picks_the_recipe_of_the_config(tmp_path: Path) -> None:
 
 def test_the_modalities_are_the_option_else_all_three() -> None:
     """The tasks of an MM-MAE run, known after the parse (the recipe peeks at no option before it)."""
-    from robust_pretrain.pretraining.multimae import MODALITIES, ModelArguments, resolve_modalities
+    from robust_pretrain.pretraining.multimae.arguments import ModelArguments, resolve_modalities
+    from robust_pretrain.vision.multimae.image_processing_multimae import MODALITIES
 
     chosen = ModelArguments(modalities=["rgb", "depth"])
     assert resolve_modalities(chosen) == ["rgb", "depth"] == chosen.modalities

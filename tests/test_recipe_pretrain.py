@@ -1,4 +1,4 @@
-"""End-to-end tests of the PoS-MLM pre-training recipe (``robust_pretrain.pretraining.pos_mlm``, run as
+"""End-to-end tests of the PoS-MLM pre-training recipe (``robust_pretrain.pretraining.pos_mlm.recipe``, run as
 ``recipes/pretrain_pos_mlm.py``; GitHub issue 4), on tiny budgets.
 
 The recipe's ``main(argv)`` runs in-process; subprocesses are used only for several processes. One from-scratch run
@@ -25,7 +25,8 @@ from processes import checkout_env, wait_for_checkpoint
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining import common as recipe_common
-from robust_pretrain.pretraining import pos_mlm as recipe
+from robust_pretrain.pretraining.pos_mlm import recipe
+from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES = REPO_ROOT / "recipes"
@@ -427,10 +428,10 @@ def test_wordpiece_training_is_deterministic() -> None:
     from robust_pretrain.data import load_ewt_corpus
 
     texts = load_ewt_corpus("train")["text"][:600]
-    vocabularies = [recipe.train_wordpiece_tokenizer(texts, 800).get_vocab() for _ in range(4)]
+    vocabularies = [train_wordpiece_tokenizer(texts, 800).get_vocab() for _ in range(4)]
     assert all(vocabulary == vocabularies[0] for vocabulary in vocabularies)
     assert len(vocabularies[0]) == 800
-    tokenizer = recipe.train_wordpiece_tokenizer(texts, 800)
+    tokenizer = train_wordpiece_tokenizer(texts, 800)
     # the continuation pieces are ordinary vocabulary, not added special tokens: "##s" in a text is no token
     assert set(tokenizer.get_added_vocab()) == {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
     assert "##s" in tokenizer.get_vocab() and tokenizer.tokenize("##s") == ["#", "#", "s"]
@@ -670,9 +671,8 @@ def _hub_args(output_dir: Path, small_files, repo_id: str, token: str) -> list[s
 @pytest.mark.slow
 def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
     from huggingface_hub import snapshot_download
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
     from transformers import AutoModelForMaskedLM
-
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER, LocalHubServer, use_local_hub
 
     repo_id = f"{DEFAULT_USER}/tiny-pos-bert"
     output_dir = tmp_path / "out"
@@ -700,8 +700,9 @@ def test_push_to_local_hub(tmp_path: Path, small_files) -> None:
 
 
 def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> None:
+    from local_hub import DEFAULT_TOKEN, use_local_hub
+
     from robust_pretrain.hub import HubPublishError
-    from robust_pretrain.testing import DEFAULT_TOKEN, use_local_hub
 
     output_dir = tmp_path / "out"
     with use_local_hub(f"http://127.0.0.1:{free_port()}"):  # nothing listens there
@@ -717,8 +718,9 @@ def test_unreachable_hub_fails_before_training(tmp_path: Path, small_files) -> N
 
 
 def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> None:
+    from local_hub import LocalHubServer, use_local_hub
+
     from robust_pretrain.hub import HubPublishError
-    from robust_pretrain.testing import LocalHubServer, use_local_hub
 
     output_dir = tmp_path / "out"
     with LocalHubServer() as hub, use_local_hub(hub.endpoint):
@@ -734,8 +736,9 @@ def test_refused_token_fails_before_training(tmp_path: Path, small_files) -> Non
 @pytest.mark.slow
 def test_hub_lost_after_training_keeps_the_model(tmp_path: Path, small_files, monkeypatch) -> None:
     """The Hub goes away during training: the final push fails with a retry hint, the local save is complete."""
+    from local_hub import DEFAULT_TOKEN, LocalHubServer, use_local_hub
+
     from robust_pretrain.hub import HubPublishError
-    from robust_pretrain.testing import DEFAULT_TOKEN, LocalHubServer, use_local_hub
 
     output_dir = tmp_path / "out"
     real_push = recipe_common.push_or_explain

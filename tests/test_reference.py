@@ -275,7 +275,7 @@ def test_text_recipe_trains_against_a_reference_run_and_checks_its_provenance(pr
     """The shared demo run is the reference: its report records its provenance; a run of the same recipe on the same
     data takes its held-out losses as reference_losses; another tokenizer is refused, in one line naming each
     differing entry, unless they are overridden."""
-    from robust_pretrain.pretraining import pos_mlm
+    from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 
     reference_dir, _ = pretrained_run
     reference = json.loads((reference_dir / "task_report.json").read_text())
@@ -309,7 +309,7 @@ def test_vision_recipe_trains_against_a_reference_model_and_refuses_other_modali
     same masked patches are in the saved weighting state); a reference with other modalities is refused."""
     import test_recipe_multimae
 
-    from robust_pretrain.pretraining import multimae
+    from robust_pretrain.pretraining.multimae import recipe as multimae
 
     def run(name: str, *extra: str) -> dict:
         with test_recipe_multimae.single_thread():

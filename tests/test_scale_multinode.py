@@ -19,7 +19,7 @@ from processes import checkout_env
 from safetensors.torch import load_file
 
 from robust_pretrain.data import load_ewt_corpus
-from robust_pretrain.pretraining.pos_mlm import train_wordpiece_tokenizer
+from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "pretrain_pos_mlm.py"

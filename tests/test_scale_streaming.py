@@ -20,8 +20,9 @@ from transformers import AutoTokenizer
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data import load_ewt_corpus
-from robust_pretrain.pretraining import pos_mlm as recipe
 from robust_pretrain.pretraining.common import last_complete_checkpoint
+from robust_pretrain.pretraining.pos_mlm import recipe
+from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "pretrain_pos_mlm.py"
@@ -38,7 +39,7 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     # every task must have held-out words: the first EWT test texts have no interjection, hence the "oh"
     held_out = [t.replace("\n", " ") + " Oh , thanks ." for t in load_ewt_corpus("test")["text"][:30]]
     (folder / "valid.txt").write_text("\n".join(held_out))
-    recipe.train_wordpiece_tokenizer(texts, 600).save_pretrained(folder / "tokenizer")
+    train_wordpiece_tokenizer(texts, 600).save_pretrained(folder / "tokenizer")
     return {"train": folder / "part-*.txt", "validation": folder / "valid.txt", "tokenizer": folder / "tokenizer"}
 
 

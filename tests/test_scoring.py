@@ -11,8 +11,8 @@ from test_aggregation import Row
 from test_recipe_pretrain import _one_thread, argv, pretrained_run  # noqa: F401  (fixtures; the shared recipe run)
 
 from robust_pretrain.data import DEFAULT_POS_TASKS
-from robust_pretrain.pretraining import pos_mlm as recipe
 from robust_pretrain.pretraining.common import summarise_log
+from robust_pretrain.pretraining.pos_mlm import recipe
 from robust_pretrain.reference import ReferenceRun
 from robust_pretrain.reporting.aggregation import summarize_suite
 from robust_pretrain.reporting.cards import ModelCardContent, pos_tasks, render_model_card

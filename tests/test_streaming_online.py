@@ -24,9 +24,9 @@ from transformers import AutoTokenizer
 
 from robust_pretrain.data.domains import EWT_GENRES, ewt_genre_texts
 from robust_pretrain.data.streaming import DomainStreams, StreamDomainCollator, StreamPositionsCallback
-from robust_pretrain.pretraining import causal_lm
+from robust_pretrain.pretraining.causal_lm.model import train_bpe_tokenizer
 from robust_pretrain.pretraining.common import last_complete_checkpoint
-from robust_pretrain.task_sampling import TaskSamplingSchedule
+from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "pretrain_causal_lm.py"
 
@@ -150,7 +150,7 @@ def write_domains(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def domain_data(tmp_path_factory) -> list[str]:
     folder = tmp_path_factory.mktemp("domains")
-    causal_lm.train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(folder / "tokenizer")
+    train_bpe_tokenizer(ewt_genre_texts("train")["text"][:300], 400).save_pretrained(folder / "tokenizer")
     return ["--domain_files", *write_domains(folder), "--tokenizer_name", str(folder / "tokenizer")]
 
 

@@ -25,14 +25,14 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.data import TaskGroupedMLMCollator, TaskSpec
-from robust_pretrain.task_sampling import (
+from robust_pretrain.trainer import minimax as trainer_module
+from robust_pretrain.trainer.task_sampling import (
     SAMPLING_LAG,
     TaskSamplingCallback,
     TaskSamplingSchedule,
     TaskSamplingWeighting,
     draw_tasks,
 )
-from robust_pretrain.trainer import minimax as trainer_module
 from robust_pretrain.weighting import build_weighting
 
 TASK_NAMES = TaskSpec.default().task_names
@@ -342,7 +342,7 @@ def test_two_gloo_processes_draw_with_the_same_weights(tmp_path):
     ],
 )
 def test_recipe_refuses_sampling_settings_it_cannot_honour(tmp_path, capsys, options, message):
-    from robust_pretrain.pretraining import pos_mlm
+    from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 
     capsys.readouterr()
     assert pos_mlm.main(["--output_dir", str(tmp_path), *options]) == 2
@@ -374,7 +374,7 @@ def _draw_enumeration_trainer(tmp_path, q: list[float], w: list[float]) -> tuple
     from tiny_causal_lm import tiny_gpt2
 
     from robust_pretrain.data.domains import DomainCollator
-    from robust_pretrain.task_sampling import FixedWeighting
+    from robust_pretrain.trainer.task_sampling import FixedWeighting
 
     sequences = Dataset.from_dict(
         {"input_ids": [[5, 9, 3, 7, 1, 2], [4, 4, 8, 6, 2, 9], [11, 3, 3, 12, 30, 1]], "task_ids": [0, 0, 1]}

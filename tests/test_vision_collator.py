@@ -266,8 +266,8 @@ def test_scenes_processor_collator_and_model_fit_together():
     """The data path end to end: generated scenes -> MultiMAETransform -> ModalityMaskCollator -> MM-MAE losses."""
     from tiny_vision import IMAGE, PATCH, tiny_config
 
-    from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
-    from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+    from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+    from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
     from robust_pretrain.vision.scenes import NUM_CLASSES, SceneConfig, generate_scenes
 
     dataset = generate_scenes(4, config=SceneConfig(image_size=24))

@@ -15,9 +15,9 @@ from tiny_vision import IMAGE, NUM_PATCHES, PATCH, random_batch, tiny_config
 from torch.nn import functional as F
 
 from robust_pretrain.config import load_config_file
-from robust_pretrain.pretraining import multimae as recipe
-from robust_pretrain.vision.configuration_multimae import DECODER_VARIANTS, MultiMAEConfig
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.pretraining.multimae import recipe
+from robust_pretrain.vision.multimae.configuration_multimae import DECODER_VARIANTS, MultiMAEConfig
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 MODALITIES = ("rgb", "depth", "semseg")
 GRID = IMAGE // PATCH

@@ -14,10 +14,11 @@ from test_recipe_multimae import FOLDER, argv, write_folder
 from test_recipe_pretrain import single_thread
 from tiny_vision import IMAGE, NUM_CLASSES, PATCH, random_batch, tiny_config
 
-from robust_pretrain.pretraining import multimae as recipe
-from robust_pretrain.vision.configuration_multimae import ModalitySpec
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, prepare_depth
+from robust_pretrain.pretraining.multimae import recipe
+from robust_pretrain.vision.multimae.configuration_multimae import ModalitySpec
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.modality_values import prepare_depth
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 
 @pytest.fixture(autouse=True)

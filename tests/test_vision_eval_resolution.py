@@ -19,9 +19,10 @@ from processes import checkout_env
 from test_recipe_pretrain import single_thread
 from test_vision_finetune import checkpoint, tiny_config  # noqa: F401 (the module-scoped checkpoint fixture)
 
-from robust_pretrain.vision.finetune import main, recompute_metrics
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForDepthEstimation, MultiMAEForSemanticSegmentation
+from robust_pretrain.vision.finetune.metrics import recompute_metrics
+from robust_pretrain.vision.finetune.recipe import main
+from robust_pretrain.vision.multimae.heads import MultiMAEForDepthEstimation, MultiMAEForSemanticSegmentation
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
 
 HEIGHT, WIDTH, CLASSES = 48, 64, 4
 MODEL_CLASSES = {"semseg": MultiMAEForSemanticSegmentation, "depth": MultiMAEForDepthEstimation}

@@ -21,17 +21,15 @@ from transformers import BertConfig, BertModel
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.vision import scenes
-from robust_pretrain.vision.configuration_multimae import MultiMAEConfig, default_modalities
-from robust_pretrain.vision.export import export_vit
-from robust_pretrain.vision.finetune import (
-    DenseRunArguments,
-    main,
-    parameter_groups,
-    recompute_metrics,
-    run,
-)
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining, MultiMAEForSemanticSegmentation
+from robust_pretrain.vision.finetune.arguments import DenseRunArguments
+from robust_pretrain.vision.finetune.metrics import recompute_metrics
+from robust_pretrain.vision.finetune.model import parameter_groups
+from robust_pretrain.vision.finetune.recipe import main, run
+from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig, default_modalities
+from robust_pretrain.vision.multimae.export import export_vit
+from robust_pretrain.vision.multimae.heads import MultiMAEForSemanticSegmentation
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 SIZE = 32
 PRIMARY = {"semseg": "eval_mean_iou", "depth": "eval_delta1", "classification": "eval_top1_accuracy"}

@@ -18,8 +18,8 @@ from torch.nn import functional as F
 from transformers import AutoModelForSemanticSegmentation
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.vision.losses import depth_loss
-from robust_pretrain.vision.modeling_multimae import MultiMAEForDepthEstimation, MultiMAEForSemanticSegmentation
+from robust_pretrain.vision.multimae.heads import MultiMAEForDepthEstimation, MultiMAEForSemanticSegmentation
+from robust_pretrain.vision.multimae.losses import depth_loss
 
 NUM_LABELS, HEAD_DIM, PREDS = 3, 32, 4  # 4 predictions per patch: 2 x 2 sub-pixels of 8 channels
 

@@ -15,12 +15,12 @@ from transformers import (
     TrainingArguments,
 )
 
-from robust_pretrain.vision.modeling_multimae import (
+from robust_pretrain.vision.multimae.heads import (
     MultiMAEForDepthEstimation,
     MultiMAEForImageClassification,
-    MultiMAEForPreTraining,
     MultiMAEForSemanticSegmentation,
 )
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 NUM_LABELS = 3
 

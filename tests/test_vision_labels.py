@@ -17,11 +17,11 @@ from test_recipe_pretrain import single_thread
 from tiny_vision import tiny_config
 from transformers import AutoImageProcessor
 
-from robust_pretrain.pretraining import multimae as pretraining
-from robust_pretrain.vision import finetune
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.pretraining.multimae import recipe as pretraining
+from robust_pretrain.vision.finetune import recipe as finetune
 from robust_pretrain.vision.loaders import load_image_folder
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 CLASSES = 3  # raw ids 1..3 are the classes, 0 is unlabelled
 HEIGHT, WIDTH = 24, 32  # NYUv2's 480 x 640 aspect

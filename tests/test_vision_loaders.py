@@ -175,8 +175,7 @@ def test_all_invalid_depth_in_a_mapped_dataset_names_the_row(scenes):
 
 def test_mapped_dataset_from_a_hub_repo(local_hub, monkeypatch, tmp_path, scenes):
     from huggingface_hub import HfApi
-
-    from robust_pretrain.testing import DEFAULT_TOKEN, DEFAULT_USER
+    from local_hub import DEFAULT_TOKEN, DEFAULT_USER
 
     # `datasets` reads the endpoint and offline flag once, at import: point them at the loopback Hub too.
     monkeypatch.setattr(datasets.config, "HF_ENDPOINT", local_hub.endpoint)

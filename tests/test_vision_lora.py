@@ -23,7 +23,7 @@ from test_vision_finetune import SIZE, checkpoint, finetune  # noqa: F401  (chec
 from transformers import AutoModelForDepthEstimation
 
 from robust_pretrain.vision import scenes
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "recipes" / "finetune-dense.md"
 
@@ -65,7 +65,7 @@ def test_the_documented_line_loads_a_moved_lora_output_from_another_directory(
         import numpy as np
         import torch
         from robust_pretrain.vision import scenes
-        from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
+        from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
 
         namespace = {{}}
         exec(compile(sys.argv[1], "finetune-dense.md", "exec"), namespace)  # the documented snippet, verbatim

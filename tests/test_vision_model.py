@@ -28,11 +28,13 @@ from transformers import (
 )
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.vision.configuration_multimae import DECODER_TYPES, ModalitySpec, MultiMAEConfig
-from robust_pretrain.vision.export import export_vit
-from robust_pretrain.vision.export import main as export_main
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAECrossAttention, MultiMAEForPreTraining, MultiMAEModel
+from robust_pretrain.vision.multimae.configuration_multimae import DECODER_TYPES, ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.multimae.decoder import MultiMAECrossAttention
+from robust_pretrain.vision.multimae.encoder import MultiMAEModel
+from robust_pretrain.vision.multimae.export import export_vit
+from robust_pretrain.vision.multimae.export import main as export_main
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 
 def tiny_model(seed: int = 0, **overrides) -> MultiMAEForPreTraining:
@@ -323,7 +325,7 @@ def test_registration_is_lazy_and_independent_of_import_order():
     transformers_first = (
         "from transformers import AutoConfig, AutoModelForSemanticSegmentation\n"
         "import robust_pretrain\n"
-        "from robust_pretrain.vision.configuration_multimae import MultiMAEConfig\n"
+        "from robust_pretrain.vision.multimae.configuration_multimae import MultiMAEConfig\n"
         "print([type(AutoConfig.for_model('multimae')).__name__,"
         " AutoModelForSemanticSegmentation._model_mapping[MultiMAEConfig].__name__])"
     )

@@ -16,10 +16,12 @@ from test_recipe_pretrain import single_thread
 from test_vision_finetune import checkpoint, tiny_config  # noqa: F401 (the module-scoped checkpoint fixture)
 from transformers import AutoModelForPreTraining
 
-from robust_pretrain.pretraining import multimae as recipe
-from robust_pretrain.vision import finetune, loaders
+from robust_pretrain.pretraining.multimae import recipe
+from robust_pretrain.vision import loaders
 from robust_pretrain.vision.collator import ModalityMaskCollator
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+from robust_pretrain.vision.finetune import recipe as finetune
+from robust_pretrain.vision.finetune.metrics import recompute_metrics
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 
 WITHOUT_DEPTH = {"train": ["a1", "a4", "a6"], "test": ["b1"]}
 
@@ -130,9 +132,7 @@ def test_finetune_dense_on_frames_without_depth(checkpoint: Path, tmp_path: Path
     results = json.loads((output_dir / "all_results.json").read_text())
     assert results["train_samples"] == 8 and results["eval_samples"] == 1  # b1 has no depth to score
     assert np.load(output_dir / "predictions_depth.npz")["ids"].tolist() == ["b0"]
-    assert finetune.recompute_metrics(output_dir / "predictions_depth.npz")["delta1"] == pytest.approx(
-        results["eval_delta1"]
-    )
+    assert recompute_metrics(output_dir / "predictions_depth.npz")["delta1"] == pytest.approx(results["eval_delta1"])
     # depth as an input cannot be left out: the fine-tuning model encodes every input patch
     inputs = ["--unmatched", "partial", "--input_modalities", "rgb", "depth"]
     capsys.readouterr()

@@ -18,9 +18,9 @@ from tiny_vision import tiny_config
 from transformers import AutoModelForDepthEstimation, AutoModelForSemanticSegmentation, pipeline
 from transformers.modeling_outputs import DepthEstimatorOutput, SemanticSegmenterOutput
 
-from robust_pretrain.vision import finetune
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.finetune import recipe as finetune
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 CLASS_NAMES = ["wall", "floor", "chair"]
 HEIGHT, WIDTH = 24, 32

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 from processes import checkout_env
 
-from robust_pretrain.vision.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
+from robust_pretrain.vision.multimae.image_processing_multimae import MultiMAEImageProcessor, MultiMAETransform
 
 WIDTH, HEIGHT = 48, 36  # 4:3, like NYUv2
 MARKER = (30, 12, 6)  # left, top, side: a square at x 30..35, y 12..17

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from robust_pretrain.vision.configuration_multimae import ModalitySpec, MultiMAEConfig
+from robust_pretrain.vision.multimae.configuration_multimae import ModalitySpec, MultiMAEConfig
 
 IMAGE, PATCH, NUM_CLASSES = 16, 4, 5
 NUM_PATCHES = (IMAGE // PATCH) ** 2

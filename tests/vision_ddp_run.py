@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from tiny_vision import random_batch, tiny_config
 
 from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
-from robust_pretrain.vision.modeling_multimae import MultiMAEForPreTraining
+from robust_pretrain.vision.multimae.pretraining import MultiMAEForPreTraining
 
 
 def collate_common_modalities(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

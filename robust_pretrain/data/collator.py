@@ -11,7 +11,7 @@ import torch
 
 from robust_pretrain.data.tasks import TaskSpec, TaskSpecLike
 from robust_pretrain.seeding import SharedEpoch, keyed_torch_generator
-from robust_pretrain.task_sampling import TaskSamplingSchedule, draw_tasks
+from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule, draw_tasks
 
 IGNORE_INDEX = -100
 _INPUT_COLUMNS = ("input_ids", "word_ids", "token_task_ids")
@@ -33,7 +33,7 @@ class TaskGroupedMLMCollator:
         present in the batch appears if and only if every k of them occur together in at least k sequences (Hall's
         condition, e.g. when each present task occurs in at least as many sequences as there are present tasks).
         A batch size >= number of tasks is not enough: of 9 sequences where 8 hold only nouns, at most 2 tasks
-        can be covered. With a ``task_schedule`` (task-weighted sampling, :mod:`robust_pretrain.task_sampling`)
+        can be covered. With a ``task_schedule`` (task-weighted sampling, :mod:`robust_pretrain.trainer.task_sampling`)
         each sequence's task is instead drawn independently, with probability proportional to the schedule's
         weights for the batch's optimizer step, among the tasks the sequence contains.
 

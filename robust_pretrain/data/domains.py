@@ -9,16 +9,17 @@ pipeline:
   and cut into sequences of ``max_seq_length`` tokens, so a sequence never crosses a domain boundary and its domain
   is its example-level ``task_ids`` ->
 - :class:`DomainCollator`: pads the sequences (labels ``-100`` at padding; the trainer shifts them for next-token
-  prediction), or, with a :class:`~robust_pretrain.task_sampling.TaskSamplingSchedule` (``MinimaxTrainer`` hands it
-  over with ``task_sampling``), first **chooses which domain each sequence of a training batch comes from** (DoReMi's
-  way of applying domain weights) and then a sequence of it.
+  prediction), or, with a :class:`~robust_pretrain.trainer.task_sampling.TaskSamplingSchedule` (``MinimaxTrainer``
+  hands it over with ``task_sampling``), first **chooses which domain each sequence of a training batch comes from**
+  (DoReMi's way of applying domain weights) and then a sequence of it.
 
 Domain-weighted draws: the rows of optimizer step ``s``, micro-batch ``m`` are drawn by one generator seeded with
 ``(seed, s, m)``: ``world_size * per_device_train_batch_size`` domains with probabilities ``w / sum(w)`` and, for each,
 one of its sequences uniformly (with replacement); process ``r`` keeps rows ``r * B .. (r + 1) * B - 1``. So every
 process computes the same global draw, the draw depends on the step (not on time or on which process or worker
 collates), and a resumed run draws exactly what an uninterrupted one does. ``w`` are the weights the schedule gives
-the step (online: a strategy's weights by the lag rule of :mod:`robust_pretrain.task_sampling`; fixed: a file's).
+the step (online: a strategy's weights by the lag rule of :mod:`robust_pretrain.trainer.task_sampling`; fixed: a
+file's).
 From streams (a stream per domain) the same draws read each drawn domain's next sequence instead:
 :mod:`robust_pretrain.data.streaming`.
 """
@@ -42,7 +43,7 @@ from robust_pretrain.data.preprocessing import repeat_stream
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from robust_pretrain.task_sampling import TaskSamplingSchedule
+    from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
 
 EWT_GENRES = ("answers", "email", "newsgroup", "reviews", "weblog")
 """UD English-EWT's genres: the prefix of every ``newdoc id`` / ``sent_id`` (``weblog-juancole.com_...``)."""

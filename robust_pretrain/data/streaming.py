@@ -41,12 +41,12 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
 from robust_pretrain.data.domains import DomainCollator, DrawSlots, pack_text_stream
-from robust_pretrain.task_sampling import SAMPLING_LAG
+from robust_pretrain.trainer.task_sampling import SAMPLING_LAG
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from robust_pretrain.task_sampling import TaskSamplingSchedule
+    from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
 
 
 def pass_seed(seed: int, domain: int, wrap: int) -> int:

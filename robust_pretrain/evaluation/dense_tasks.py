@@ -1,5 +1,5 @@
 """Dense vision as a suite family: semantic segmentation (mIoU), depth (δ1) and classification (top-1), each cell a
-:func:`robust_pretrain.vision.finetune.run_finetune` call. Every primary metric is higher-is-better, x100.
+:func:`robust_pretrain.vision.finetune.recipe.run_finetune` call. Every primary metric is higher-is-better, x100.
 
 A ``random-init:<checkpoint>`` entry fine-tunes the checkpoint's architecture from random weights (seeded by the
 cell's seed; ``finetune_dense --random_init``): the row that says whether pre-training helps at all."""
@@ -16,20 +16,18 @@ from robust_pretrain.evaluation.checkpoints import random_init_source
 from robust_pretrain.evaluation.glue_tasks import glue_run_settings
 from robust_pretrain.evaluation.tasks import ModelIndexTarget, RunSettings, SuiteTask, TaskFamily, TaskRunResult
 from robust_pretrain.reporting.recipe_cards import DENSE_CARD_METRICS, DENSE_TASK_TYPES
-from robust_pretrain.vision.finetune import (
-    PRIMARY_METRICS,
+from robust_pretrain.vision.finetune.arguments import (
     TASKS,
     DenseDataArguments,
     DenseLoraArguments,
     DenseModelArguments,
     DenseRunArguments,
     DenseTrainingArguments,
-    checkpoint_model_type,
-    load_task_data,
-    predictions_file_name,
-    run_finetune,
-    text_predictions_file_name,
 )
+from robust_pretrain.vision.finetune.data import load_task_data
+from robust_pretrain.vision.finetune.metrics import PRIMARY_METRICS, predictions_file_name, text_predictions_file_name
+from robust_pretrain.vision.finetune.model import checkpoint_model_type
+from robust_pretrain.vision.finetune.recipe import run_finetune
 
 DISPLAY_NAMES = {
     "semseg": ("Segmentation", "mIoU"),

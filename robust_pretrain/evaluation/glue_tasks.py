@@ -19,7 +19,7 @@ from robust_pretrain.glue.finetune import (
     predictions_file_name,
     run_finetune,
 )
-from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, primary_score
+from robust_pretrain.glue.tasks import GLUE_TASKS, GlueTask, primary_score
 
 # The eight GLUE tasks of the usual average (WNLI is excluded, as in BERT).
 DEFAULT_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
@@ -99,7 +99,7 @@ def run_glue_task(
     )
 
 
-def _card_metrics(spec: TaskSpec) -> dict[str, tuple[str, ModelIndexTarget]]:
+def _card_metrics(spec: GlueTask) -> dict[str, tuple[str, ModelIndexTarget]]:
     """Every metric of every eval split (MNLI mismatched keys end in ``_mm``) with its model-index target."""
     return {
         f"{metric}{_split_suffix(split)}": (
@@ -117,7 +117,7 @@ def _card_metrics(spec: TaskSpec) -> dict[str, tuple[str, ModelIndexTarget]]:
     }
 
 
-def _row(spec: TaskSpec) -> SuiteTask:
+def _row(spec: GlueTask) -> SuiteTask:
     return SuiteTask(
         name=spec.name,
         family="glue",

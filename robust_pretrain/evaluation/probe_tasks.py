@@ -32,7 +32,7 @@ from robust_pretrain.glue.probe import (
     score_predictions,
     task_features,
 )
-from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec
+from robust_pretrain.glue.tasks import GLUE_TASKS, GlueTask
 
 PROBE_TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")
 # Options that cut the protocol short (recorded with every result).
@@ -121,7 +121,7 @@ def run_probe_task(
     return TaskRunResult(metrics=metrics, prediction_files=(probe_predictions_file(task),), raw_metrics=details)
 
 
-def _card_metrics(spec: TaskSpec) -> dict[str, tuple[str, ModelIndexTarget]]:
+def _card_metrics(spec: GlueTask) -> dict[str, tuple[str, ModelIndexTarget]]:
     target = ModelIndexTarget(
         task_type="text-classification",
         dataset_type=HUB_DATASET,
@@ -132,7 +132,7 @@ def _card_metrics(spec: TaskSpec) -> dict[str, tuple[str, ModelIndexTarget]]:
     return {metric: (metric, target) for metric in spec.metrics}
 
 
-def _row(spec: TaskSpec) -> SuiteTask:
+def _row(spec: GlueTask) -> SuiteTask:
     return SuiteTask(
         name=spec.name,
         family="probe",

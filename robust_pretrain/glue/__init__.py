@@ -11,16 +11,16 @@ from robust_pretrain.glue.finetune import (
     run_finetune,
 )
 from robust_pretrain.glue.metrics import GLUE_METRIC_PATH, load_glue_metric
-from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task, primary_score
+from robust_pretrain.glue.tasks import GLUE_TASKS, GlueTask, get_task, primary_score
 
 __all__ = [
     "GLUE_METRIC_PATH",
     "GLUE_TASKS",
     "GlueDataArguments",
     "GlueRunArguments",
+    "GlueTask",
     "GlueTrainingArguments",
     "LoraArguments",
-    "TaskSpec",
     "check_glue_files",
     "get_task",
     "glue_features",

@@ -16,7 +16,7 @@ import datasets
 from huggingface_hub import constants as hub_constants
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.glue.tasks import TaskSpec, get_task
+from robust_pretrain.glue.tasks import GlueTask, get_task
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -24,17 +24,17 @@ HUB_DATASET = "nyu-mll/glue"
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
-def glue_features(task: str | TaskSpec) -> datasets.Features:
+def glue_features(task: str | GlueTask) -> datasets.Features:
     """The Hub's feature schema of one GLUE task."""
-    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    spec = task if isinstance(task, GlueTask) else get_task(task)
     label = datasets.Value("float32") if spec.label_names is None else datasets.ClassLabel(names=list(spec.label_names))
     columns = {name: datasets.Value("string") for name in spec.text_columns}
     return datasets.Features({**columns, "label": label, "idx": datasets.Value("int32")})
 
 
-def glue_files(task: str | TaskSpec, glue_dir: str | Path) -> dict[str, Path]:
+def glue_files(task: str | GlueTask, glue_dir: str | Path) -> dict[str, Path]:
     """Split name -> TSV path of one task inside a GLUE directory (existence not checked)."""
-    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    spec = task if isinstance(task, GlueTask) else get_task(task)
     task_dir = Path(glue_dir) / spec.glue_dir_name
     return {"train": task_dir / "train.tsv", **{split: task_dir / name for split, name in spec.eval_files.items()}}
 
@@ -45,7 +45,7 @@ def _open_rows(path: Path) -> Iterator[list[str]]:
         yield from csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
 
 
-def _column_positions(spec: TaskSpec, path: Path, header: list[str] | None) -> dict[str, int]:
+def _column_positions(spec: GlueTask, path: Path, header: list[str] | None) -> dict[str, int]:
     if not spec.tsv_header:
         return {column: int(position) for column, position in spec.tsv_columns.items()}
     if header is None:
@@ -59,7 +59,7 @@ def _column_positions(spec: TaskSpec, path: Path, header: list[str] | None) -> d
     return {column: header.index(str(name)) for column, name in spec.tsv_columns.items()}
 
 
-def _check_file(spec: TaskSpec, path: Path) -> dict[str, int]:
+def _check_file(spec: GlueTask, path: Path) -> dict[str, int]:
     if not path.is_file():
         raise UsageError(
             f"GLUE task {spec.name}: {path} not found (expected <glue_dir>/{spec.glue_dir_name}/{path.name} "
@@ -69,14 +69,14 @@ def _check_file(spec: TaskSpec, path: Path) -> dict[str, int]:
     return _column_positions(spec, path, header)
 
 
-def check_glue_files(task: str | TaskSpec, glue_dir: str | Path) -> None:
+def check_glue_files(task: str | GlueTask, glue_dir: str | Path) -> None:
     """Fail fast if a task's TSV files are missing or lack the expected columns (reads headers only)."""
-    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    spec = task if isinstance(task, GlueTask) else get_task(task)
     for path in glue_files(spec, glue_dir).values():
         _check_file(spec, path)
 
 
-def _parse_label(spec: TaskSpec, raw: str, where: str) -> int | float:
+def _parse_label(spec: GlueTask, raw: str, where: str) -> int | float:
     if spec.tsv_label_values is None:
         try:
             return float(raw)
@@ -90,9 +90,9 @@ def _parse_label(spec: TaskSpec, raw: str, where: str) -> int | float:
     return spec.tsv_label_values.index(raw)
 
 
-def read_glue_tsv(task: str | TaskSpec, path: str | Path) -> datasets.Dataset:
+def read_glue_tsv(task: str | GlueTask, path: str | Path) -> datasets.Dataset:
     """Parse one GLUE TSV file into a Dataset with the Hub's schema (``idx`` = row number, as on the Hub)."""
-    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    spec = task if isinstance(task, GlueTask) else get_task(task)
     path = Path(path)
     positions = _check_file(spec, path)
     needed = max(positions.values()) + 1

@@ -28,16 +28,16 @@ from transformers.trainer_utils import SaveStrategy
 
 from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
-from robust_pretrain.finetuning import log_train_results
 from robust_pretrain.glue.data import HUB_DATASET, load_glue
 from robust_pretrain.glue.metrics import load_glue_metric
-from robust_pretrain.glue.tasks import GLUE_TASKS, TaskSpec, get_task
+from robust_pretrain.glue.tasks import GLUE_TASKS, GlueTask, get_task
 from robust_pretrain.options import LoraArguments, check_options, option
 from robust_pretrain.output_dir import claim_for_new_run, disk_full_is_one_line
 from robust_pretrain.reporting.cards import render_finetuning_card
 from robust_pretrain.reporting.recipe_cards import glue_card_content
+from robust_pretrain.reporting.train_results import log_train_results
 from robust_pretrain.trainer import register_process_group_teardown
-from robust_pretrain.training_args import use_cpu_when_launched_without_accelerator
+from robust_pretrain.trainer.training_args import use_cpu_when_launched_without_accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class GlueTrainingArguments(TrainingArguments):
         super().__post_init__()
 
 
-# What an earlier run leaves besides the model (robust_pretrain.finetuning deletes weights and checkpoints).
+# What an earlier run leaves besides the model (robust_pretrain.output_dir deletes weights and checkpoints).
 _STALE_PREDICTIONS = ("predict_results_*.txt",)
 
 
@@ -107,17 +107,17 @@ def predictions_file_name(task: str, split: str) -> str:
     return f"predict_results_{task}{'-mm' if split == 'validation_mismatched' else ''}.txt"
 
 
-def _predicted_labels(spec: TaskSpec, predictions: np.ndarray | tuple) -> np.ndarray:
+def _predicted_labels(spec: GlueTask, predictions: np.ndarray | tuple) -> np.ndarray:
     logits = predictions[0] if isinstance(predictions, tuple) else predictions
     return np.squeeze(logits, axis=-1) if spec.is_regression else np.argmax(logits, axis=-1)
 
 
-def _display(spec: TaskSpec, value: float | int) -> str:
+def _display(spec: GlueTask, value: float | int) -> str:
     return repr(float(value)) if spec.label_names is None else spec.label_names[int(value)]
 
 
 def write_predictions(
-    path: Path, spec: TaskSpec, indices: list[int], predictions: np.ndarray, labels: np.ndarray
+    path: Path, spec: GlueTask, indices: list[int], predictions: np.ndarray, labels: np.ndarray
 ) -> Path:
     """Tab-separated ``index  prediction  label`` per eval example: label names, or exact float scores (STS-B)."""
     rows = ["index\tprediction\tlabel"]
@@ -128,9 +128,9 @@ def write_predictions(
     return path
 
 
-def read_predictions(task: str | TaskSpec, path: str | Path) -> dict[str, list]:
+def read_predictions(task: str | GlueTask, path: str | Path) -> dict[str, list]:
     """Read a :func:`write_predictions` file back: ``index``, ``prediction`` and ``label`` (label ids or scores)."""
-    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    spec = task if isinstance(task, GlueTask) else get_task(task)
     columns: dict[str, list] = {"index": [], "prediction": [], "label": []}
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     for line in lines[1:]:
@@ -147,7 +147,7 @@ def _limit(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
 
 def _prepare(
     splits: datasets.DatasetDict,
-    spec: TaskSpec,
+    spec: GlueTask,
     tokenizer: PreTrainedTokenizerBase,
     max_length: int,
     data_args: GlueDataArguments,
@@ -166,7 +166,7 @@ def _prepare(
     return limited.map(encode, batched=True, remove_columns=[*spec.text_columns, "idx"], desc="Tokenizing")
 
 
-def build_compute_metrics(spec: TaskSpec) -> Callable[[EvalPrediction], dict[str, float]]:
+def build_compute_metrics(spec: GlueTask) -> Callable[[EvalPrediction], dict[str, float]]:
     """``compute_metrics`` for the Trainer, backed by the shipped ``evaluate`` module."""
     metric = load_glue_metric(spec.name)
 
@@ -193,7 +193,7 @@ def check_text_model(checkpoint: str, cache_dir: str | None) -> None:
 
 
 def _load_model(
-    run_args: GlueRunArguments, lora_args: LoraArguments, spec: TaskSpec, cache_dir: str | None
+    run_args: GlueRunArguments, lora_args: LoraArguments, spec: GlueTask, cache_dir: str | None
 ) -> PreTrainedModel | PeftModel:
     labels = (
         {}

@@ -25,7 +25,7 @@ from sklearn.preprocessing import StandardScaler
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from robust_pretrain.glue.metrics import load_glue_metric
-from robust_pretrain.glue.tasks import TaskSpec
+from robust_pretrain.glue.tasks import GlueTask
 from robust_pretrain.options import check_options, option
 
 DEFAULT_LAMBDAS = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
@@ -94,7 +94,7 @@ def mean_pooled(
 def task_features(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    spec: TaskSpec,
+    spec: GlueTask,
     columns: dict[str, Sequence[str]],
     max_length: int,
     batch_size: int,
@@ -112,7 +112,7 @@ def load_encoder(checkpoint: str, cache_dir: str | None = None) -> PreTrainedMod
     return AutoModel.from_pretrained(checkpoint, cache_dir=cache_dir, dtype=torch.float32)
 
 
-def make_probe(spec: TaskSpec, lambda_: float) -> Pipeline:
+def make_probe(spec: GlueTask, lambda_: float) -> Pipeline:
     """Standardisation + the task's linear model for ``lambda_`` (see the module docstring for the objective)."""
     if spec.is_regression:
         model = Ridge(alpha=lambda_)
@@ -121,18 +121,18 @@ def make_probe(spec: TaskSpec, lambda_: float) -> Pipeline:
     return make_pipeline(StandardScaler(), model)
 
 
-def score_predictions(spec: TaskSpec, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def score_predictions(spec: GlueTask, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's metrics of ``predictions`` (``evaluate`` module shipped with the project), unscaled."""
     return load_glue_metric(spec.name).compute(predictions=predictions, references=labels)
 
 
-def _folds(spec: TaskSpec, labels: np.ndarray, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _folds(spec: GlueTask, labels: np.ndarray, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     splitter = KFold if spec.is_regression else StratifiedKFold
     return list(splitter(n_splits=count, shuffle=True, random_state=0).split(np.zeros(len(labels)), labels))
 
 
 def fit_probe(
-    spec: TaskSpec,
+    spec: GlueTask,
     train_features: np.ndarray,
     train_labels: np.ndarray,
     eval_features: np.ndarray,
@@ -155,7 +155,7 @@ def fit_probe(
     return ProbeResult(predictions=probe.predict(eval_features), lambda_=chosen, cv_losses=cv_losses)
 
 
-def _example_losses(spec: TaskSpec, probe: Pipeline, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def _example_losses(spec: GlueTask, probe: Pipeline, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Per-example held-out loss: squared error, or the negative log probability of the true label."""
     if spec.is_regression:
         return (probe.predict(features) - labels) ** 2
@@ -163,7 +163,7 @@ def _example_losses(spec: TaskSpec, probe: Pipeline, features: np.ndarray, label
     return -np.log(np.clip(probe.predict_proba(features)[np.arange(len(labels)), columns], 1e-300, None))
 
 
-def majority_score(spec: TaskSpec, train_labels: np.ndarray, eval_labels: np.ndarray) -> float:
+def majority_score(spec: GlueTask, train_labels: np.ndarray, eval_labels: np.ndarray) -> float:
     """The primary metric (unscaled) of predicting the training set's most frequent label for every dev example (the
     lowest label id on a tie); 0 for a regression task (a constant has no correlation with the labels)."""
     if spec.is_regression:

@@ -11,7 +11,7 @@ _DEV = {"validation": "dev.tsv"}
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class GlueTask:
     """Everything the recipes need to know about one GLUE task.
 
     ``text_columns`` and ``label_names`` follow the Hub dataset ``nyu-mll/glue`` (label id = position in
@@ -46,10 +46,10 @@ class TaskSpec:
 
 
 #: the GLUE tasks by name: files, columns, label count and metric of each
-GLUE_TASKS: dict[str, TaskSpec] = {
+GLUE_TASKS: dict[str, GlueTask] = {
     spec.name: spec
     for spec in (
-        TaskSpec(
+        GlueTask(
             name="cola",
             glue_dir_name="CoLA",
             text_columns=("sentence",),
@@ -60,7 +60,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("matthews_correlation",),
             primary_metric="matthews_correlation",
         ),
-        TaskSpec(
+        GlueTask(
             name="sst2",
             glue_dir_name="SST-2",
             text_columns=("sentence",),
@@ -71,7 +71,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("accuracy",),
             primary_metric="accuracy",
         ),
-        TaskSpec(
+        GlueTask(
             name="mrpc",
             glue_dir_name="MRPC",
             text_columns=("sentence1", "sentence2"),
@@ -82,7 +82,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("accuracy", "f1"),
             primary_metric="f1",
         ),
-        TaskSpec(
+        GlueTask(
             name="stsb",
             glue_dir_name="STS-B",
             text_columns=("sentence1", "sentence2"),
@@ -93,7 +93,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("pearson", "spearmanr"),
             primary_metric="spearmanr",
         ),
-        TaskSpec(
+        GlueTask(
             name="qqp",
             glue_dir_name="QQP",
             text_columns=("question1", "question2"),
@@ -104,7 +104,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("accuracy", "f1"),
             primary_metric="f1",
         ),
-        TaskSpec(
+        GlueTask(
             name="mnli",
             glue_dir_name="MNLI",
             text_columns=("premise", "hypothesis"),
@@ -116,7 +116,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             primary_metric="accuracy",
             eval_files={"validation_matched": "dev_matched.tsv", "validation_mismatched": "dev_mismatched.tsv"},
         ),
-        TaskSpec(
+        GlueTask(
             name="qnli",
             glue_dir_name="QNLI",
             text_columns=("question", "sentence"),
@@ -127,7 +127,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("accuracy",),
             primary_metric="accuracy",
         ),
-        TaskSpec(
+        GlueTask(
             name="rte",
             glue_dir_name="RTE",
             text_columns=("sentence1", "sentence2"),
@@ -138,7 +138,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             metrics=("accuracy",),
             primary_metric="accuracy",
         ),
-        TaskSpec(
+        GlueTask(
             name="wnli",
             glue_dir_name="WNLI",
             text_columns=("sentence1", "sentence2"),
@@ -153,7 +153,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
 }
 
 
-def get_task(name: str) -> TaskSpec:
+def get_task(name: str) -> GlueTask:
     """Look a task up by name (case-insensitive, ``sst-2``/``sts-b`` spellings accepted)."""
     key = name.lower().replace("-", "")
     if key not in GLUE_TASKS:
@@ -161,13 +161,13 @@ def get_task(name: str) -> TaskSpec:
     return GLUE_TASKS[key]
 
 
-def primary_score(task: str | TaskSpec, eval_metrics: dict[str, float]) -> float:
+def primary_score(task: str | GlueTask, eval_metrics: dict[str, float]) -> float:
     """The task's single suite score on a 0-100 scale, read from ``eval_<metric>`` keys of the eval results.
 
     CoLA: Matthews correlation; STS-B: Spearman correlation; MRPC/QQP: F1 (BERT-paper convention); MNLI: matched
     accuracy; every other task: accuracy.
     """
-    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    spec = task if isinstance(task, GlueTask) else get_task(task)
     key = f"eval_{spec.primary_metric}"
     if key not in eval_metrics:
         raise KeyError(f"{spec.name}: eval results have no {key!r} (keys: {sorted(eval_metrics)})")

@@ -24,7 +24,7 @@ from robust_pretrain.output_dir import (
 )
 from robust_pretrain.reporting.scoring import score_losses
 from robust_pretrain.trainer import MinimaxTrainer
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, accepted_options
 
 logger = logging.getLogger(__name__)

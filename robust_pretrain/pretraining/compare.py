@@ -40,10 +40,13 @@ from robust_pretrain.reporting.plots import plot_comparison
 from robust_pretrain.reporting.scoring import aggregate_scores, task_mismatch
 from robust_pretrain.reporting.tables import comparison_markdown, scores_markdown
 from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
-from robust_pretrain.training_args import MinimaxTrainingArguments
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 from robust_pretrain.weighting import WEIGHTINGS, WeightingArguments, accepted_options
 
-RECIPES = {"pos_mlm": "robust_pretrain.pretraining.pos_mlm", "multimae": "robust_pretrain.pretraining.multimae"}
+RECIPES = {
+    "pos_mlm": "robust_pretrain.pretraining.pos_mlm.recipe",
+    "multimae": "robust_pretrain.pretraining.multimae.recipe",
+}
 RUN_SETTINGS_NAME = "compare_settings.json"  # beside each run's task_report.json: the settings it was made with
 
 

@@ -43,7 +43,8 @@ from tqdm.auto import tqdm
 from robust_pretrain.cli import UsageError, refuse, run_console
 from robust_pretrain.config import OptionParser
 from robust_pretrain.options import check_options, option, option_problems
-from robust_pretrain.pretraining import causal_lm, mixture
+from robust_pretrain.pretraining import mixture
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
 from robust_pretrain.reporting.decision import ENDPOINTS, RULE, summarise, winner, write_decision
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ the first stage, the options that would change them (``--weighting``, ``--loss_n
 natural proportions the reference needs). The options of the weighting strategies (``--dro_step_size``,
 ``--dro_smoothing``, ``--alpha``, ``--loss_ema``, ...) reach the proxy, and only the proxy (one its
 ``--proxy_objective`` does not take is refused); every other option (the command line's and a ``--config`` file's,
-expanded here) reaches each stage's ``robust-pretrain-causal-lm`` run (:mod:`robust_pretrain.pretraining.causal_lm`),
-into ``<output_dir>/<stage>``:
+expanded here) reaches each stage's ``robust-pretrain-causal-lm`` run
+(:mod:`robust_pretrain.pretraining.causal_lm.recipe`), into ``<output_dir>/<stage>``:
 
 1. ``reference``: natural proportions, the plain mean next-token loss (``--weighting proportional``).
 2. ``proxy-<r>``: ``--proxy_objective`` (``doremi``: Algorithm 1 of DoReMi, :mod:`robust_pretrain.weighting.doremi`,
@@ -48,8 +48,8 @@ from typing import Any
 from robust_pretrain.cli import UsageError, refuse, run_console
 from robust_pretrain.config import OptionParser, config_to_argv, load_config_file
 from robust_pretrain.options import check_options, option, option_problems
-from robust_pretrain.pretraining import causal_lm
-from robust_pretrain.pretraining.causal_lm import DOMAIN_WEIGHTS_NAME
+from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
+from robust_pretrain.pretraining.causal_lm.arguments import DOMAIN_WEIGHTS_NAME
 from robust_pretrain.reporting.task_report import TASK_REPORT_NAME
 from robust_pretrain.weighting import WeightingArguments, accepted_options
 

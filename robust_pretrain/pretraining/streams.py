@@ -20,10 +20,10 @@ from robust_pretrain.data.domains import DomainCollator, stream_domains
 from robust_pretrain.data.streaming import DomainStreams, StreamDomainCollator, StreamPositionsCallback
 
 if TYPE_CHECKING:
-    from robust_pretrain.pretraining.causal_lm_arguments import CausalModelArguments, DomainDataArguments
-    from robust_pretrain.pretraining.causal_lm_data import DomainTexts
-    from robust_pretrain.pretraining.pos_mlm_arguments import DataArguments, ModelArguments
-    from robust_pretrain.training_args import MinimaxTrainingArguments
+    from robust_pretrain.pretraining.causal_lm.arguments import CausalModelArguments, DomainDataArguments
+    from robust_pretrain.pretraining.causal_lm.data import DomainTexts
+    from robust_pretrain.pretraining.pos_mlm.arguments import DataArguments, ModelArguments
+    from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 
 def check_pos_streaming(

@@ -19,10 +19,10 @@ from robust_pretrain.reference import model_size
 from robust_pretrain.reporting.cards import (
     CARD_CONTENT_NAME,
     EWT_TRAINING_DATA,
+    CardTaskFamily,
     FineTunedMetric,
     FineTuningCardContent,
     ModelCardContent,
-    TaskFamily,
     TrainingData,
     build_model_card,
     card_renderer,
@@ -46,13 +46,13 @@ from robust_pretrain.reporting.task_report import (
 
 __all__ = [
     "CARD_CONTENT_NAME",
+    "CardTaskFamily",
     "EWT_TRAINING_DATA",
     "FineTunedMetric",
     "FineTuningCardContent",
     "TASK_REPORT_NAME",
     "TRAJECTORY_PLOT_NAME",
     "ModelCardContent",
-    "TaskFamily",
     "TrainingData",
     "build_model_card",
     "card_renderer",

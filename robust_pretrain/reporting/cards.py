@@ -3,7 +3,7 @@
 
 Pre-training cards (``model_cards/pretraining.md``) serve every task family; what differs between families (PoS groups
 of masked words for text, image modalities for vision, and any later family such as causal-LM pre-training) is data,
-a :class:`TaskFamily`. Fine-tuning cards (``model_cards/finetuning.md``, GLUE and dense) are a
+a :class:`CardTaskFamily`. Fine-tuning cards (``model_cards/finetuning.md``, GLUE and dense) are a
 :class:`FineTuningCardContent`. The suite's results (``model_cards/suite_results.md``) are written by
 :mod:`robust_pretrain.reporting.suite_cards`. Everything a card states comes from the run (its task report,
 settings, data, model and tokenizer, base model, metrics) or from a verified source (the paper's citation in the
@@ -61,7 +61,7 @@ model = AutoModel.from_pretrained("{model_id}")"""
 
 
 @dataclass(frozen=True)
-class TaskFamily:
+class CardTaskFamily:
     """The words and the task table a card uses for one kind of upstream task.
 
     Attributes:
@@ -95,7 +95,9 @@ class TaskFamily:
     limitations: tuple[str, ...] = ()
 
 
-def pos_tasks(task_groups: Mapping[str, Sequence[str]], *, unassigned_tags: Sequence[str], tagger: str) -> TaskFamily:
+def pos_tasks(
+    task_groups: Mapping[str, Sequence[str]], *, unassigned_tags: Sequence[str], tagger: str
+) -> CardTaskFamily:
     """Part-of-speech tasks of masked-LM pre-training: task name -> its UPOS tags.
 
     Args:
@@ -107,7 +109,7 @@ def pos_tasks(task_groups: Mapping[str, Sequence[str]], *, unassigned_tags: Sequ
     if unassigned_tags:
         tags = ", ".join(unassigned_tags[:-1]) + (" or " if len(unassigned_tags) > 1 else "") + unassigned_tags[-1]
         notes = (f"Words tagged {tags} belong to no task: they are never masked and stay visible as context.",)
-    return TaskFamily(
+    return CardTaskFamily(
         objective="masked-language modelling",
         task_split="one per part-of-speech group: only the words of a group are masked for its task.",
         table_title="Task groups (Universal POS tags)",
@@ -126,7 +128,7 @@ def pos_tasks(task_groups: Mapping[str, Sequence[str]], *, unassigned_tags: Sequ
 
 def modality_tasks(
     modalities: Mapping[str, Mapping[str, Any]], *, limitations: Sequence[str] = (), usage: str = VISION_USAGE
-) -> TaskFamily:
+) -> CardTaskFamily:
     """Image modalities of masked multi-modal autoencoding: modality name -> ``{"kind", "channels", "loss"}``.
 
     ``channels`` is the number of input channels (or of classes, for a class map); ``loss`` names the reconstruction
@@ -138,7 +140,7 @@ def modality_tasks(
         if missing:
             raise ValueError(f"modality {name!r}: the card needs {sorted(missing)} (kind, channels, loss)")
         rows[name] = (str(spec["kind"]), str(spec["channels"]), str(spec["loss"]))
-    return TaskFamily(
+    return CardTaskFamily(
         objective="masked multi-modal autoencoding",
         task_split="one per input modality: each task reconstructs the masked patches of its modality from the "
         "visible patches of all modalities.",
@@ -204,7 +206,7 @@ class ModelCardContent:
     """
 
     architecture: str
-    tasks: TaskFamily
+    tasks: CardTaskFamily
     report: Mapping[str, Any]
     training_data: TrainingData = field(default=EWT_TRAINING_DATA)
     base_model: str | None = None
@@ -225,7 +227,7 @@ class ModelCardContent:
             tasks[key] = tuple(tasks[key])
         tasks["rows"] = {name: tuple(cells) for name, cells in tasks["rows"].items()}
         training_data = dict(data["training_data"], datasets=tuple(data["training_data"]["datasets"]))
-        return cls(**{**data, "tasks": TaskFamily(**tasks), "training_data": TrainingData(**training_data)})
+        return cls(**{**data, "tasks": CardTaskFamily(**tasks), "training_data": TrainingData(**training_data)})
 
 
 def trained_tokenizer(vocab_size: int) -> str:

@@ -2,7 +2,7 @@
 
 Each function returns the content :mod:`robust_pretrain.reporting.cards` renders: a :class:`ModelCardContent` for the
 pre-training recipes (PoS masked LM, MM-MAE), a :class:`FineTuningCardContent` for GLUE and dense fine-tuning. A new
-recipe (e.g. causal-LM pre-training) adds its :class:`~robust_pretrain.reporting.cards.TaskFamily` and one function
+recipe (e.g. causal-LM pre-training) adds its :class:`~robust_pretrain.reporting.cards.CardTaskFamily` and one function
 here. The argument objects are the recipes' own dataclasses (duck-typed: this module imports no recipe).
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 from robust_pretrain.reference import model_size
 from robust_pretrain.reporting.cards import (
     EWT_TRAINING_DATA,
+    CardTaskFamily,
     FineTunedMetric,
     FineTuningCardContent,
     ModelCardContent,
-    TaskFamily,
     TrainingData,
     checkpoint_tokenizer,
     hub_dataset,
@@ -109,14 +109,14 @@ print(generator("The weather today", max_new_tokens=30)[0]["generated_text"])"""
 
 def domain_tasks(
     names: list[str], sequences: list[int] | list[str], mixture: list[float], report: dict[str, Any]
-) -> TaskFamily:
+) -> CardTaskFamily:
     """The card's task family: one row per domain with its training sequences, mixture weight, held-out perplexity."""
     perplexity = report.get("eval_task_perplexity", {})
     rows = {
         name: (str(count), f"{weight:.4f}", f"{perplexity[name]:.2f}" if name in perplexity else "n/a")
         for name, count, weight in zip(names, sequences, mixture, strict=True)
     }
-    return TaskFamily(
+    return CardTaskFamily(
         objective="causal language modelling (next-token prediction)",
         task_split="one per data domain: every packed sequence holds text of a single domain.",
         table_title="Domains",
@@ -346,7 +346,7 @@ def dense_card_content(
         ),
         inputs=" + ".join(model_args.input_modalities),
         notes=(
-            f"Per-image predictions: `{predictions_file}` (`robust_pretrain.vision.finetune.recompute_metrics` "
+            f"Per-image predictions: `{predictions_file}` (`robust_pretrain.vision.finetune.metrics.recompute_metrics` "
             "recomputes the table from it); input / prediction / target of a few images: `predictions.png`.",
             *(
                 (

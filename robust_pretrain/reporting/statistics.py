@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from scipy.optimize import brentq
+from scipy.stats import nct as noncentral_t
 from scipy.stats import t as student_t
 
 # Verdicts of :func:`verdict`.
@@ -98,11 +100,25 @@ def verdict(interval: Interval, smallest_effect: float) -> str:
 
 def detectable_difference(std: float, n: int, confidence: float = 0.95, power: float = 0.8) -> float:
     """The smallest mean paired difference that ``n`` pairs with spread ``std`` detect with probability ``power`` in a
-    two-sided t-test at ``confidence``: ``(t_{(1+confidence)/2, n-1} + t_{power, n-1}) * std / sqrt(n)`` (the usual
-    approximation of the noncentral t)."""
+    two-sided t-test at ``confidence``, exactly: the ``d`` at which the noncentral t (df ``n - 1``, noncentrality
+    ``d * sqrt(n) / std``) falls beyond ``+-t_{(1+confidence)/2, n-1}`` with probability ``power``. (The textbook
+    ``(t_{(1+confidence)/2} + t_{power}) * std / sqrt(n)`` understates it: by 5 % at 3 pairs, 16 % at 2.)"""
     if n < 2:
         raise ValueError(f"a detectable difference needs at least 2 pairs, got {n}")
-    return (t_quantile(0.5 + confidence / 2, n - 1) + t_quantile(power, n - 1)) * std / math.sqrt(n)
+    if std == 0:
+        return 0.0
+    critical, df, scale = t_quantile(0.5 + confidence / 2, n - 1), n - 1, std / math.sqrt(n)
+
+    def shortfall(effect: float) -> float:
+        noncentrality = effect / scale
+        # the lower tail by symmetry: scipy's cdf far below a large noncentrality is NaN
+        rejected = noncentral_t.sf(critical, df, noncentrality) + noncentral_t.sf(critical, df, -noncentrality)
+        return float(rejected) - power
+
+    high = (critical + t_quantile(power, df)) * scale
+    while shortfall(high) < 0:
+        high *= 2
+    return float(brentq(shortfall, 0.0, high, xtol=1e-12 * high))
 
 
 def pairs_to_detect(std: float, effect: float, confidence: float = 0.95, power: float = 0.8, most: int = 1000) -> int:

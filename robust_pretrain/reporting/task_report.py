@@ -15,7 +15,7 @@ from robust_pretrain.reporting.statistics import worst_task
 
 if TYPE_CHECKING:
     from robust_pretrain.trainer import MinimaxTrainer
-    from robust_pretrain.training_args import MinimaxTrainingArguments
+    from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 TRAJECTORY_PLOT_NAME = "task_weights.png"
 

@@ -28,7 +28,7 @@ micro-batch's all-reduce, and their pooled means reach the weighting as the step
 The tasks come from the data: ``task_names`` of the arguments, else of the data collator, else of the model; lists
 that disagree are refused at construction. ``task_sampling`` (``online``, ``fixed``) draws each training sequence's
 task: the trainer builds the schedule of sampling weights, hands it to the data collator (``sample_tasks``) and logs
-the sampling weights (:mod:`robust_pretrain.task_sampling`).
+the sampling weights (:mod:`robust_pretrain.trainer.task_sampling`).
 
 Resuming checks that the weighting is built with the options saved in the checkpoint (``ValueError`` naming those
 that differ). In a distributed run the default process group is destroyed at interpreter exit (gloo's worker threads
@@ -38,7 +38,7 @@ A causal LM (see :func:`is_causal_lm`) is trained on next-token targets, shifted
 (``labels`` padded with -100 and shifted left, or the batch's ``shift_labels``); token-level ``task_ids`` are shifted
 with the labels, so each target counts for the task of the predicted token. Its eval metrics add per-task perplexities.
 Its losses come from the final hidden states, in slices of the vocabulary no larger than ``causal_lm_chunk_size``
-targets' logits (unset: from the shapes), without the full logits (:mod:`robust_pretrain.causal_lm_loss`). The
+targets' logits (unset: from the shapes), without the full logits (:mod:`robust_pretrain.trainer.next_token_loss`). The
 training collator finds each batch's targets on the host (:class:`~robust_pretrain.task_losses.HostTargets`).
 
 Trainer options: ``label_smoothing_factor`` smooths every task's cross-entropy (class labels); ``compute_loss_func``

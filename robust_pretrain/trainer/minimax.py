@@ -16,19 +16,19 @@ from accelerate.utils import DistributedType, extract_model_from_parallel
 from transformers import Trainer
 from transformers.utils import logging
 
-from ..causal_lm_loss import ChunkedNextTokenLoss, check_sharding
 from ..reference import ReferenceModel, ShardReferenceCallback
 from ..seeding import SetEpochCallback
 from ..task_losses import HOST_TARGET_COLUMNS, HostTargets, TargetPositionsHead, TaskTargets
-from ..task_sampling import ImportanceWeighting, TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
-from ..training_args import MinimaxTrainingArguments
 from ..weighting import Weighting
 from .callbacks import LearnableWeightsCallback, LogLastStepCallback
 from .checkpoints import WeightingCheckpoints
 from .models import is_causal_lm
+from .next_token_loss import ChunkedNextTokenLoss, check_sharding
 from .objective import TaskObjective, first_rows
 from .process_group import register_process_group_teardown
 from .task_logs import TaskLogs
+from .task_sampling import ImportanceWeighting, TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
+from .training_args import MinimaxTrainingArguments
 from .training_data import check_training_data
 
 logger = logging.get_logger(__package__)  # the trainer's one logger, robust_pretrain.trainer

@@ -1,6 +1,6 @@
 """What :class:`~robust_pretrain.trainer.MinimaxTrainer` logs of its tasks: per-task eval metrics (perplexities for
 a causal LM), the per-task training logs or, beyond ``max_logged_tasks``, their summary and ``task_metrics.jsonl``
-(:mod:`robust_pretrain.task_metrics`), and the sampling weights of ``task_sampling``."""
+(:mod:`robust_pretrain.trainer.task_metrics`), and the sampling weights of ``task_sampling``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers.integrations import TensorBoardCallback
 
-from ..task_metrics import TASK_METRICS_NAME, merge_task_metrics, truncate_task_metrics
+from .task_metrics import TASK_METRICS_NAME, merge_task_metrics, truncate_task_metrics
 
 
 class TaskLogs:

@@ -1,7 +1,7 @@
 """Images: MM-MAE models (Auto-registered), modality-mask collator, image processor, scene generator, loaders.
 
 Names load lazily, on first access, so importing this package stays cheap. The Auto classes find the MM-MAE classes
-after ``import robust_pretrain``, in any import order: see :mod:`robust_pretrain.vision.auto_registration`.
+after ``import robust_pretrain``, in any import order: see :mod:`robust_pretrain.vision.multimae.auto_registration`.
 """
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "ModalitySpec": "robust_pretrain.vision.configuration_multimae",
-    "MultiMAEConfig": "robust_pretrain.vision.configuration_multimae",
-    "MultiMAEModel": "robust_pretrain.vision.modeling_multimae",
-    "MultiMAEForPreTraining": "robust_pretrain.vision.modeling_multimae",
-    "MultiMAEForPreTrainingOutput": "robust_pretrain.vision.modeling_multimae",
-    "MultiMAEForImageClassification": "robust_pretrain.vision.modeling_multimae",
-    "MultiMAEForSemanticSegmentation": "robust_pretrain.vision.modeling_multimae",
-    "MultiMAEForDepthEstimation": "robust_pretrain.vision.modeling_multimae",
+    "ModalitySpec": "robust_pretrain.vision.multimae.configuration_multimae",
+    "MultiMAEConfig": "robust_pretrain.vision.multimae.configuration_multimae",
+    "MultiMAEModel": "robust_pretrain.vision.multimae.encoder",
+    "MultiMAEForPreTraining": "robust_pretrain.vision.multimae.pretraining",
+    "MultiMAEForPreTrainingOutput": "robust_pretrain.vision.multimae.pretraining",
+    "MultiMAEForImageClassification": "robust_pretrain.vision.multimae.heads",
+    "MultiMAEForSemanticSegmentation": "robust_pretrain.vision.multimae.heads",
+    "MultiMAEForDepthEstimation": "robust_pretrain.vision.multimae.heads",
     "ModalityMaskCollator": "robust_pretrain.vision.collator",
-    "export_vit": "robust_pretrain.vision.export",
-    "MultiMAEImageProcessor": "robust_pretrain.vision.image_processing_multimae",
-    "MultiMAETransform": "robust_pretrain.vision.image_processing_multimae",
+    "export_vit": "robust_pretrain.vision.multimae.export",
+    "MultiMAEImageProcessor": "robust_pretrain.vision.multimae.image_processing_multimae",
+    "MultiMAETransform": "robust_pretrain.vision.multimae.image_processing_multimae",
     "SceneConfig": "robust_pretrain.vision.scenes",
     "generate_scenes": "robust_pretrain.vision.scenes",
     "load_image_folder": "robust_pretrain.vision.loaders",

@@ -21,7 +21,7 @@ from typing import Any
 from PIL import Image
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.vision.image_processing_multimae import MODALITIES, MultiMAEImageProcessor
+from robust_pretrain.vision.multimae.image_processing_multimae import MODALITIES, MultiMAEImageProcessor
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,211 @@
+"""The options of the decoder pre-training recipe (:mod:`robust_pretrain.pretraining.causal_lm.recipe`): model and data
+arguments, the weight files they name (checked before any data is read, ``--domain_weights`` turned into fixed
+sampling), and the settings a resumed run must share."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from robust_pretrain.cli import UsageError
+from robust_pretrain.options import check_options, option
+from robust_pretrain.pretraining.common import training_settings
+from robust_pretrain.trainer.task_sampling import FixedWeighting, check_importance_sampling
+from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
+
+DECODER_SIZES = {  # from-scratch Llama-style presets: layers, hidden, heads, key/value heads, intermediate
+    "tiny": (2, 128, 4, 2, 384),
+    "mini": (4, 256, 4, 2, 768),
+    "small": (6, 512, 8, 4, 1536),
+}
+MIN_VOCAB_SIZE = 64  # a byte-level BPE vocabulary holds its 256 bytes: smaller sizes are raised to them
+FROM_SCRATCH = ["model_size", "vocab_size"]  # options of a decoder trained from scratch
+NOT_SETTINGS = {"preprocessing_num_workers", "overwrite_output_dir"}
+DOMAIN_WEIGHTS_NAME = "domain_weights.json"
+
+
+@dataclass
+class CausalModelArguments:
+    model_name_or_path: str | None = option(
+        None,
+        "Checkpoint (local dir or Hub id) to continue pre-training; it must load with AutoModelForCausalLM. Leave "
+        "unset to train a Llama-style decoder from scratch (see model_size).",
+    )
+    model_size: str = option("tiny", "From-scratch Llama-style preset.", choices=list(DECODER_SIZES))
+    tokenizer_name: str | None = option(
+        None,
+        "Fast tokenizer to use (default: the checkpoint's; from scratch: a byte-level BPE tokenizer trained on the "
+        "training text).",
+    )
+    vocab_size: int = option(4000, "Vocabulary size of a tokenizer trained from scratch.", minimum=MIN_VOCAB_SIZE)
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass
+class DomainDataArguments:
+    domain_files: list[str] | None = option(
+        None,
+        "One data source per domain, as name=path: a .txt/.json/.jsonl/.csv/.parquet file or glob, or a dataset "
+        "(a local dataset folder or a Hub id, its train split), e.g. --domain_files web=web/*.jsonl code=code.txt.",
+    )
+    dataset_name: str | None = option(None, "A dataset (Hub id or local folder) whose --domain_column names domains.")
+    train_file: str | None = option(None, "A data file (or glob) whose --domain_column names domains.", path="file")
+    domain_column: str | None = option(
+        None, "Column of --dataset_name / --train_file holding each text's domain (its distinct values, sorted)."
+    )
+    text_column_name: str = option("text", "Column holding the raw text.")
+    ud_dir: str | None = option(
+        None,
+        "Default data when no other source is given: UD English-EWT's five genres as domains, read from this folder "
+        "(default: $ROBUST_PRETRAIN_UD_DIR, else ../shared/data/ud_ewt from the current directory); EWT test is "
+        "held out.",
+    )
+    validation_file: str | None = option(
+        None,
+        "Held-out data for --train_file / --dataset_name: a file (or glob) with the same text and --domain_column "
+        "columns, every domain present, in place of --validation_split_percentage.",
+        path="file",
+    )
+    validation_split_percentage: int = option(
+        5, "Percent of each domain's texts held out (not for the UD default, whose test split is held out).",
+        minimum=1, maximum=99,
+    )  # fmt: skip
+    max_seq_length: int = option(128, "Tokens per packed sequence.", minimum=2, maximum=8192)
+    domain_weights: str | None = option(
+        None,
+        'JSON file of domain sampling weights ({"weights": {domain: weight}}, e.g. robust-pretrain-mixture\'s '
+        "domain_weights.json): each training sequence's domain is drawn from them (--task_sampling fixed with the "
+        "file's weights). Its provenance (domains, tokenizer, training and held-out data, model size) must match this "
+        "run's, see --reference_mismatch_ok.",
+        path="file",
+    )
+    objective_weights: str | None = option(
+        None,
+        "With --importance_weighting: JSON file of the objective's domain weights w (the format of --domain_weights), "
+        "in place of the --weighting strategy's; each target's loss is multiplied by w_d / q_d (q: --domain_weights).",
+        path="file",
+    )
+    max_eval_sequences: int | None = option(None, "Held-out sequences kept per domain (the first ones).", minimum=1)
+    streaming: bool = option(
+        False,
+        "Stream the --domain_files sources (nothing read into memory but the held-out texts): each domain is packed on "
+        "the fly and read over and over, and the next sequence's domain is drawn from --domain_weights (uniform "
+        "without; --task_sampling online: the strategy's weights); a resumed run continues exactly. Needs --max_steps "
+        "and --tokenizer_name or --model_name_or_path.",
+    )
+    stream_shuffle_buffer: int = option(
+        0,
+        "With --streaming --task_sampling online: read each domain's texts through a shuffle buffer of this many "
+        "texts, in a new order (seeded by --seed) every pass over the stream; 0 reads them in order.",
+        minimum=0,
+    )
+    stream_held_out_texts: int = option(
+        100,
+        "With --streaming: the first texts of each domain's stream are its held-out data, skipped in training.",
+        minimum=1,
+    )
+    preprocessing_num_workers: int | None = option(None, "Processes for tokenising.", minimum=1)
+    overwrite_output_dir: bool = option(False, "Start afresh even if output_dir holds checkpoints (they are deleted).")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        sources = [name for name in ("domain_files", "dataset_name", "train_file") if getattr(self, name)]
+        if len(sources) > 1:
+            raise UsageError(f"give one data source, not {' and '.join('--' + name for name in sources)}")
+        if (self.dataset_name or self.train_file) and self.domain_column is None:
+            raise UsageError("--dataset_name / --train_file need --domain_column (the column naming each domain)")
+        if self.validation_file is not None and not (self.dataset_name or self.train_file):
+            raise UsageError("--validation_file is the held-out data of --train_file / --dataset_name: give one")
+        if self.validation_file is not None and self.streaming:
+            raise UsageError("--validation_file: not used with --streaming (held out: --stream_held_out_texts)")
+        if self.domain_column is not None and not (self.dataset_name or self.train_file):
+            raise UsageError("--domain_column names a column of --dataset_name or --train_file: give one of them")
+        if self.stream_shuffle_buffer and not self.streaming:
+            raise UsageError("--stream_shuffle_buffer shuffles domain streams: it needs --streaming true")
+
+
+def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
+    """``--domain_weights`` are the fixed sampling weights, ``--objective_weights`` the objective of importance
+    weighting: refuse what contradicts them (before any data is read)."""
+    if data_args.domain_weights is not None and (
+        training_args.task_sampling == "online" or training_args.task_sampling_weights is not None
+    ):
+        raise UsageError(
+            "--domain_weights are the fixed sampling weights: they exclude --task_sampling online and "
+            "--task_sampling_weights"
+        )
+    if data_args.objective_weights is not None and not training_args.importance_weighting:
+        raise UsageError(
+            "--objective_weights are the objective of importance weighting: add --task_sampling fixed "
+            "--importance_weighting true and the sampling weights (--domain_weights)"
+        )
+
+
+def sample_from_file(training_args: MinimaxTrainingArguments, weights: list[float]) -> None:
+    """``--domain_weights``: draw the domains from the file's weights (``task_sampling='fixed'``)."""
+    training_args.task_sampling, training_args.task_sampling_weights = "fixed", weights
+
+
+def run_settings(
+    model_args: CausalModelArguments,
+    data_args: DomainDataArguments,
+    training_args: MinimaxTrainingArguments,
+    domains: list[str],
+) -> dict:
+    """What the run computes, for the output-directory policy: a resumed run must share it."""
+    settings = {k: v for k, v in {**asdict(model_args), **asdict(data_args)}.items() if k not in NOT_SETTINGS}
+    settings.update(training_settings(training_args), domains=domains)
+    return settings
+
+
+def read_domain_weights(
+    path: str, names: list[str], option: str = "--domain_weights"
+) -> tuple[list[float], dict[str, Any] | None]:
+    """The weights (in domain order) and provenance (``None``: none recorded) of a domain-weights file (given as
+    ``option``, which errors name); refuse one whose domains differ."""
+    try:
+        content = json.loads(Path(path).read_text())
+        weights = content["weights"]
+        values = [float(weights[name]) for name in weights]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f'{option} {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
+    if sorted(weights) != sorted(names):
+        raise UsageError(f"{option} {path} has the domains {sorted(weights)}, this run {sorted(names)}")
+    not_numbers = {name: value for name, value in weights.items() if type(value) not in (int, float)}
+    if not_numbers:  # float() would take "0.5" and True
+        raise UsageError(f"{option} {path}: weights must be JSON numbers, got {not_numbers}")
+    if any(not value >= 0 or value == float("inf") for value in values) or sum(values) <= 0:
+        raise UsageError(f"{option} {path}: weights must be finite, >= 0 and not all 0, got {weights}")
+    if not math.isfinite(sum(values)):  # the draws normalise by the sum
+        raise UsageError(f"{option} {path}: the weights' sum overflows ({weights}); scale them down")
+    return [float(weights[name]) for name in names], content.get("provenance")
+
+
+def domain_weights(
+    data_args: DomainDataArguments, training_args: MinimaxTrainingArguments, names: list[str]
+) -> tuple[list[float] | None, dict[str, Any] | None]:
+    """The weights of ``--domain_weights`` (in domain order) and the provenance saved with them (``None, None``
+    without the option); unless streamed, each training sequence's domain is drawn from them."""
+    if data_args.domain_weights is None:
+        return None, None
+    weights, provenance = read_domain_weights(data_args.domain_weights, names)
+    if training_args.importance_weighting:
+        try:
+            check_importance_sampling(weights, names, f"--domain_weights {data_args.domain_weights}")
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    if not data_args.streaming:
+        sample_from_file(training_args, weights)
+    return weights, provenance
+
+
+def objective_weighting(data_args: DomainDataArguments, names: list[str]) -> FixedWeighting | None:
+    """The objective of ``--objective_weights`` (``None``: the ``--weighting`` strategy's)."""
+    if data_args.objective_weights is None:
+        return None
+    return FixedWeighting(len(names), read_domain_weights(data_args.objective_weights, names, "--objective_weights")[0])
