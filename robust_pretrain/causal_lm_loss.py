@@ -318,7 +318,9 @@ class ChunkedNextTokenLoss:
         self.last_chunk_size: int | None = None
         self.transform = LogitTransform.of(model.config) if hasattr(model, "config") else LogitTransform()
         self.forward_passes = 0
-        self._request: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        #: forward passes that computed the head's gradients too (targets' ``scales`` given)
+        self.single_passes = 0
+        self._request: tuple | None = None
         self._losses: torch.Tensor | None = None
         self._first_position: torch.Tensor | None = None
         self._handle = head.register_forward_pre_hook(self._compute_losses)
@@ -339,11 +341,14 @@ class ChunkedNextTokenLoss:
         targets: torch.Tensor,
         smoothing: float = 0.0,
         positions: torch.Tensor | None = None,
+        scales: torch.Tensor | None = None,
     ) -> Iterator[None]:
         """Within the block, the model's forward pass computes the losses of ``targets`` (the labels at the positions
         where ``mask`` ``[batch, seq]`` is true, in that order; ``positions``: their flat indices, which spare the
-        boolean-mask selection its host sync); read them with :meth:`losses`."""
-        self._request, self._losses = (mask, targets, smoothing, positions), None
+        boolean-mask selection its host sync); read them with :meth:`losses`. ``scales``: each target's weight in the
+        objective, known before the forward pass: the gradients are then computed in it
+        (:func:`~robust_pretrain.single_pass_loss.single_pass_head_losses`)."""
+        self._request, self._losses = (mask, targets, smoothing, positions, scales), None
         try:
             yield
         finally:
@@ -365,7 +370,7 @@ class ChunkedNextTokenLoss:
     def _compute_losses(self, module: torch.nn.Module, args: tuple) -> tuple | None:
         if self._request is None or not args or not torch.is_tensor(args[0]):
             return None
-        mask, targets, smoothing, positions = self._request
+        mask, targets, smoothing, positions, scales = self._request
         hidden = args[0]
         if hidden.dim() != 3 or hidden.shape[:2] != mask.shape:
             return None
@@ -387,7 +392,15 @@ class ChunkedNextTokenLoss:
                 f"{module.weight.shape[0]}, hidden {module.weight.shape[1]})"
             )
         self.last_chunk_size = chunk_size
-        self._losses = chunked_head_losses(selected, module, targets, chunk_size, self.transform, smoothing)
+        if scales is not None and torch.is_grad_enabled():
+            from .single_pass_loss import single_pass_head_losses  # it builds on this module
+
+            self._losses = single_pass_head_losses(
+                selected, module, targets, scales, chunk_size, self.transform, smoothing
+            )
+            self.single_passes += 1
+        else:
+            self._losses = chunked_head_losses(selected, module, targets, chunk_size, self.transform, smoothing)
         first_position = hidden[:, :1]
         self.forward_passes += 1
         if self.forward_passes & (self.forward_passes - 1) == 0:  # a power of two
