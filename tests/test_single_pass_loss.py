@@ -1,8 +1,15 @@
 """The single-pass head loss (:mod:`robust_pretrain.single_pass_loss`): the head's gradients computed in the forward
 pass equal those of the full fp32 logits, in the function and in the trainer wherever the weights are known."""
 
+import json
+import subprocess
+
 import pytest
 import torch
+from ports import free_port
+from processes import TESTS, checkout_env
+from safetensors.torch import load_file
+from test_causal_lm import LAUNCH
 from test_causal_lm_loss import CAPPED, HIDDEN, N, VOCAB, reference_losses
 from test_trainer import max_relative_difference
 from tiny_causal_lm import GradRecorder, as_dataset, domain_examples, make_args, minimax_grads, tiny_llama
@@ -105,3 +112,24 @@ def test_under_torch_compile_the_single_pass_gives_the_eager_gradient(tmp_path):
     )
     assert trainer.lm_loss.single_passes > 0
     assert max(float((eager[k] - compiled[k]).abs().max()) for k in eager) == 0.0
+
+
+@pytest.mark.slow
+def test_fsdp2_with_the_single_pass_gives_the_full_logits_ddp_gradient(tmp_path):
+    """2 gloo processes, minimax under the simultaneous order with accumulation 2: FSDP2 (``fully_shard`` per decoder
+    layer and the root, which holds ``lm_head``) on the single-pass path gives the first-step gradients (gathered
+    from the shards) and per-domain losses of DDP on the full fp32 logits."""
+    runs = {}
+    for name, extra in (("ddp", ["--chunk_size", "0"]), ("fsdp2", ["--fsdp2", "--chunk_size", "5"])):
+        out = tmp_path / name
+        command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
+        options = ["--weighting", "minimax", "--weight_update", "simultaneous", "--batch_size", "2", "--grad_accum", "2"]
+        subprocess.run([*command, *options, *extra], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
+        runs[name] = [json.loads((out / f"run-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [run["wrapped_model"] for run in runs["fsdp2"]] == ["FSDPLlamaForCausalLM"] * 2
+    assert [run["single_passes"] for run in runs["fsdp2"]] == [2, 2]  # both micro-batches of each process
+    full = load_file(tmp_path / "ddp" / "grads-rank0.safetensors")
+    for rank in (0, 1):
+        sharded = load_file(tmp_path / "fsdp2" / f"grads-rank{rank}.safetensors")
+        assert sorted(sharded) == sorted(full) and max_relative_difference(full, sharded) <= 1e-5
+        assert runs["fsdp2"][rank]["task_losses"] == pytest.approx(runs["ddp"][0]["task_losses"], abs=1e-6)
