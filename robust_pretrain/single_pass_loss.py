@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from .causal_lm_loss import OPTION, LogitTransform, _accumulate_product, _cast, softmax_dtype
 from .task_losses import refuse_on_device
 
+#: no logit scaling or soft-cap (Llama, GPT-2, Qwen2, ...)
+IDENTITY = LogitTransform()
 #: the largest relative deviation of the incoming gradients from ``c * scales`` (rounding of the objective's sum)
 PROPORTIONALITY_TOLERANCE = 1e-3
 
@@ -102,7 +104,7 @@ def single_pass_head_losses(
     targets: torch.Tensor,
     scales: torch.Tensor,
     chunk_size: int,
-    transform: LogitTransform = LogitTransform(),
+    transform: LogitTransform = IDENTITY,
     smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Cross-entropy (fp32, unreduced) of each row of ``hidden`` ``[N, hidden]`` under ``transform(head(hidden))``

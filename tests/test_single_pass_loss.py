@@ -10,7 +10,7 @@ from ports import free_port
 from processes import TESTS, checkout_env
 from safetensors.torch import load_file
 from test_causal_lm import LAUNCH
-from test_causal_lm_loss import CAPPED, HIDDEN, N, VOCAB, reference_losses
+from test_causal_lm_loss import CAPPED, HIDDEN, VOCAB, N, reference_losses
 from test_trainer import max_relative_difference
 from tiny_causal_lm import GradRecorder, as_dataset, domain_examples, make_args, minimax_grads, tiny_llama
 
@@ -97,8 +97,15 @@ def test_the_trainer_takes_the_single_pass_where_the_weights_are_known_with_the_
 
 def test_gradnorm_keeps_the_recomputing_path(tmp_path):
     """GradNorm differentiates each task's loss alone: its per-task gradients are not the objective's."""
-    trainer, _ = trained(tmp_path, "g", domain_examples(8), weighting="gradnorm", gradient_accumulation_steps=2,
-                         per_device_train_batch_size=4, causal_lm_chunk_size=5)
+    trainer, _ = trained(
+        tmp_path,
+        "g",
+        domain_examples(8),
+        weighting="gradnorm",
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=4,
+        causal_lm_chunk_size=5,
+    )
     assert trainer.lm_loss.forward_passes == 2 and trainer.lm_loss.single_passes == 0
 
 
@@ -123,7 +130,8 @@ def test_fsdp2_with_the_single_pass_gives_the_full_logits_ddp_gradient(tmp_path)
     for name, extra in (("ddp", ["--chunk_size", "0"]), ("fsdp2", ["--fsdp2", "--chunk_size", "5"])):
         out = tmp_path / name
         command = [*LAUNCH, "--master_port", str(free_port()), str(TESTS / "tiny_causal_lm.py"), "--out", str(out)]
-        options = ["--weighting", "minimax", "--weight_update", "simultaneous", "--batch_size", "2", "--grad_accum", "2"]
+        options = ["--weighting", "minimax", "--weight_update", "simultaneous", "--batch_size", "2"]
+        options += ["--grad_accum", "2"]
         subprocess.run([*command, *options, *extra], check=True, env=checkout_env(OMP_NUM_THREADS="1"))
         runs[name] = [json.loads((out / f"run-rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [run["wrapped_model"] for run in runs["fsdp2"]] == ["FSDPLlamaForCausalLM"] * 2

@@ -198,7 +198,8 @@ class TaskObjective:
         self._check_finite(means, observed)
         extra: dict[str, torch.Tensor] = {}
         if len(pooled) > 2 * n:  # the reference model's means on the same targets (checked on the host)
-            extra["reference_losses"] = torch.where(observed, host[2 * n : 3 * n] / pooled_counts.clamp_min(1), math.nan)
+            reference_means = host[2 * n : 3 * n] / pooled_counts.clamp_min(1)
+            extra["reference_losses"] = torch.where(observed, reference_means, math.nan)
         grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
         host_present = host_step_counts > 0
         self._rule_weights = (

@@ -17,6 +17,7 @@ from ..weighting import Weighting
 from ..weighting.average import AverageWeighting
 from ..weighting.base import masked_uniform
 
+
 def loss_free_weights(weighting: Weighting, present: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
     """The weights ``weighting.weights`` will return at this step when they do not depend on the losses (on the
     device of ``present``, the step's tasks, and ``counts``, their target counts), else ``None``: ``proportional``
