@@ -141,3 +141,38 @@ def test_fsdp2_with_the_single_pass_gives_the_full_logits_ddp_gradient(tmp_path)
         sharded = load_file(tmp_path / "fsdp2" / f"grads-rank{rank}.safetensors")
         assert sorted(sharded) == sorted(full) and max_relative_difference(full, sharded) <= 1e-5
         assert runs["fsdp2"][rank]["task_losses"] == pytest.approx(runs["ddp"][0]["task_losses"], abs=1e-6)
+
+
+def logged_weights(trainer: MinimaxTrainer) -> list[tuple[float, ...]]:
+    """Each logged step's task weights."""
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    return [tuple(value for key, value in sorted(e.items()) if key.startswith("task_weight/")) for e in history]
+
+
+def test_simultaneous_resume_continues_exactly(tmp_path):
+    """4 steps of minimax under the simultaneous order, and 2 + 2 resumed from the checkpoint of step 2 (which keeps
+    step 2's losses, the input of step 3's weights): the same weights at every step and the same final model."""
+    examples = domain_examples(32)
+    options = dict(
+        alpha=3.0, weight_update="simultaneous", causal_lm_chunk_size=5, per_device_train_batch_size=4, max_steps=4,
+        save_strategy="steps", save_steps=2, logging_steps=1,
+    )  # fmt: skip
+
+    def run(name: str, resume: bool = False) -> MinimaxTrainer:
+        trainer = MinimaxTrainer(
+            model=tiny_llama(), args=make_args(str(tmp_path / name), **options), train_dataset=as_dataset(examples)
+        )
+        trainer.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2") if resume else None)
+        return trainer
+
+    straight, resumed = run("straight"), run("resumed", resume=True)
+    weights, again = logged_weights(straight), logged_weights(resumed)
+    assert len(set(weights)) == 4  # the weights move at every step
+    assert again[-2:] == weights[-2:]
+    final = dict(straight.model.named_parameters())
+    assert max(float((p - final[n]).detach().abs().max()) for n, p in resumed.model.named_parameters()) == 0.0
+
+
+def test_simultaneous_gradnorm_is_refused():
+    with pytest.raises(ValueError, match="weight_update='simultaneous': weighting='gradnorm' weighs by this step's"):
+        make_args("unused", weighting="gradnorm", weight_update="simultaneous")
