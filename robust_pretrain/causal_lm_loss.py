@@ -104,7 +104,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         loss_dtype = softmax_dtype(compute_dtype)
         vocab = weight.shape[0]
-        inputs = _cast(hidden, compute_dtype)
+        inputs = cast_to(hidden, compute_dtype)
         log_normalizers = hidden.new_full((hidden.shape[0],), -math.inf, dtype=loss_dtype)
         target_logits = torch.zeros_like(log_normalizers)
         logit_sums = torch.zeros_like(log_normalizers) if smoothing else None
@@ -145,7 +145,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         need_hidden, need_weight, need_bias = needs_grad
         loss_dtype = softmax_dtype(compute_dtype)
-        inputs = _cast(hidden, compute_dtype)
+        inputs = cast_to(hidden, compute_dtype)
         grad_hidden = torch.zeros(hidden.shape, dtype=loss_dtype, device=hidden.device) if need_hidden else None
         grad_weight = torch.empty_like(weight) if need_weight else None
         grad_bias = torch.empty_like(bias) if need_bias else None
@@ -165,7 +165,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             grad = transform.backward(grad, logits).to(compute_dtype)
             del logits
             if need_hidden:
-                _accumulate_product(grad_hidden, grad, _cast(weight[columns], compute_dtype))
+                accumulate_product(grad_hidden, grad, cast_to(weight[columns], compute_dtype))
             if need_weight:
                 _write_product(grad_weight[columns], grad.T, inputs)
             if need_bias:
@@ -178,7 +178,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
         )
 
 
-def _accumulate_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def accumulate_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``out += a @ b``, in place where the dtypes agree (no ``out``-sized temporary)."""
     if out.dtype == a.dtype:
         out.addmm_(a, b)
@@ -233,8 +233,8 @@ def _slice_logits(
     width = vocabulary_slice_width(chunk_size, inputs.shape[0], vocab)
     for start in range(0, vocab, width):
         columns = slice(start, start + width)
-        sliced_bias = None if bias is None else _cast(bias[columns], compute_dtype)
-        logits = F.linear(inputs, _cast(weight[columns], compute_dtype), sliced_bias)
+        sliced_bias = None if bias is None else cast_to(bias[columns], compute_dtype)
+        logits = F.linear(inputs, cast_to(weight[columns], compute_dtype), sliced_bias)
         yield columns, transform(logits.to(softmax_dtype(compute_dtype)))
 
 
@@ -250,7 +250,8 @@ def softmax_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(compute_dtype, torch.float32)
 
 
-def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def cast_to(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``tensor`` in ``dtype`` (``None`` stays ``None``)."""
     return None if tensor is None else tensor.to(dtype)
 
 

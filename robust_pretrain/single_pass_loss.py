@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .causal_lm_loss import OPTION, LogitTransform, _accumulate_product, _cast, softmax_dtype
+from .causal_lm_loss import OPTION, LogitTransform, accumulate_product, cast_to, softmax_dtype
 from .task_losses import refuse_on_device
 
 #: no logit scaling or soft-cap (Llama, GPT-2, Qwen2, ...)
@@ -48,7 +48,7 @@ class _SinglePassHeadCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         loss_dtype = softmax_dtype(compute_dtype)
         accumulate_dtype = torch.promote_types(weight.dtype, torch.float32)
-        inputs, head, shift = _cast(hidden, compute_dtype), _cast(weight, compute_dtype), _cast(bias, compute_dtype)
+        inputs, head, shift = cast_to(hidden, compute_dtype), cast_to(weight, compute_dtype), cast_to(bias, compute_dtype)
         vocab = weight.shape[0]
         losses = torch.empty(hidden.shape[0], dtype=loss_dtype, device=hidden.device)
         grad_hidden = torch.empty(hidden.shape, dtype=loss_dtype, device=hidden.device)  # G_i, not yet scaled
@@ -71,7 +71,7 @@ class _SinglePassHeadCrossEntropy(torch.autograd.Function):
             del logits
             grad_hidden[rows] = grad @ head
             grad.mul_(scales[rows, None].to(compute_dtype))
-            _accumulate_product(grad_weight, grad.T, inputs[rows])
+            accumulate_product(grad_weight, grad.T, inputs[rows])
             if grad_bias is not None:
                 grad_bias += grad.sum(dim=0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias, scales)
