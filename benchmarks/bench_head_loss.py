@@ -123,7 +123,7 @@ def measure(targets: int, hidden: int, cli: argparse.Namespace) -> list[dict]:
             "vocab": cli.vocab,
             "path": name,
             "median_s": round(statistics.median(times[name]), 4),
-            "time_ratio_to_full": round(statistics.median(t / f for t, f in zip(times[name], times["full"])), 3),
+            "time_ratio_to_full": round(statistics.median(map(float.__truediv__, times[name], times["full"])), 3),
             "max_relative_grad_error": float(f"{errors[name]:.2g}"),
         }
         for name in names
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         stem = Path(cli.results)
         command = " ".join(["python", *sys.argv])
         setup = {"torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": cli.rounds}
-        stem.with_suffix(".json").write_text(json.dumps({"command": command, "setup": setup, "results": rows}, indent=1))
+        record = {"command": command, "setup": setup, "results": rows}
+        stem.with_suffix(".json").write_text(json.dumps(record, indent=1))
         text = ["# The head's loss alone: our paths and PyTorch's F.linear_cross_entropy (CPU, fp32)", "",
                 f"Command: `{command}`", "", *table(rows), ""]  # fmt: skip
         stem.with_suffix(".md").write_text("\n".join(text))

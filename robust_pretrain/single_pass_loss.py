@@ -48,7 +48,8 @@ class _SinglePassHeadCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         loss_dtype = softmax_dtype(compute_dtype)
         accumulate_dtype = torch.promote_types(weight.dtype, torch.float32)
-        inputs, head, shift = cast_to(hidden, compute_dtype), cast_to(weight, compute_dtype), cast_to(bias, compute_dtype)
+        inputs, head = cast_to(hidden, compute_dtype), cast_to(weight, compute_dtype)
+        shift = cast_to(bias, compute_dtype)
         vocab = weight.shape[0]
         losses = torch.empty(hidden.shape[0], dtype=loss_dtype, device=hidden.device)
         grad_hidden = torch.empty(hidden.shape, dtype=loss_dtype, device=hidden.device)  # G_i, not yet scaled
