@@ -176,3 +176,24 @@ def test_simultaneous_resume_continues_exactly(tmp_path):
 def test_simultaneous_gradnorm_is_refused():
     with pytest.raises(ValueError, match="weight_update='simultaneous': weighting='gradnorm' weighs by this step's"):
         make_args("unused", weighting="gradnorm", weight_update="simultaneous")
+
+
+def test_importance_weighting_takes_the_single_pass_with_the_expected_gradient(tmp_path):
+    """Fixed sampling weights q toward a fixed objective w (importance weighting, scales ``w_t / q_t / N``): the
+    enumeration test's exact expectation holds with every step on the single pass."""
+    from test_task_sampling import test_importance_weighting_gives_the_w_weighted_gradient_in_expectation as check
+
+    passes = []
+    original = MinimaxTrainer._task_sums
+
+    def recording(self, model, inputs, reference=False):
+        result = original(self, model, inputs, reference)
+        passes.append((self.lm_loss.forward_passes, self.lm_loss.single_passes))
+        return result
+
+    MinimaxTrainer._task_sums = recording
+    try:
+        check(tmp_path)
+    finally:
+        MinimaxTrainer._task_sums = original
+    assert passes[-1] == (9, 9)
