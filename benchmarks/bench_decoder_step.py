@@ -69,6 +69,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--chunk-sizes", type=int, nargs="*", default=[128, 512, 2048, 8192])
     parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--skip", nargs="*", default=[], help="configurations left out (plain always runs)")
     parser.add_argument("--intermediate", type=int, help="the MLP's width (default: 4 x hidden)")
     parser.add_argument("--checkpointed-chunk", type=int, default=2048)
     parser.add_argument("--no-bf16", action="store_true", help="fp32 (the default trains under bf16 autocast)")
@@ -96,7 +97,8 @@ def configs(cli: argparse.Namespace) -> list[str]:
     chunks = [f"minimax-chunk{n}" for n in cli.chunk_sizes]
     torch_op = ["torch-lce-mean"] if hasattr(torch.nn, "LinearCrossEntropyOptions") else []
     fixed = ["plain", f"checkpointed{cli.checkpointed_chunk}", *torch_op, "minimax-full"]
-    return [*fixed, "minimax-default", "minimax-simultaneous", *chunks]
+    names = [*fixed, "minimax-default", "minimax-simultaneous", *chunks]
+    return [name for name in names if name == "plain" or name not in cli.skip]
 
 
 def make_trainers(model: LlamaForCausalLM, cli: argparse.Namespace, out: str) -> dict[str, Trainer]:
