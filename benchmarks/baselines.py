@@ -65,3 +65,23 @@ class CheckpointedChunkedLossTrainer(Trainer):
             )
         loss = total / (targets != -100).sum()
         return (loss, None) if return_outputs else loss
+
+
+class LinearCrossEntropyTrainer(Trainer):
+    """The plain ``Trainer`` whose causal-LM loss is PyTorch's ``F.linear_cross_entropy`` (torch >= 2.13), chunked
+    (``LinearCrossEntropyOptions()``: the batch in chunks, gradients computed in the forward pass), reduction
+    ``mean`` over the batch's targets: the op a user reaches for first. Autocast as
+    :class:`CheckpointedChunkedLossTrainer`."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        with torch.autocast(labels.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+            hidden = model.model(**inputs).last_hidden_state[:, :-1].flatten(0, 1)
+            loss = F.linear_cross_entropy(
+                hidden,
+                model.lm_head.weight,
+                labels[:, 1:].flatten(),
+                reduction="mean",
+                options=torch.nn.LinearCrossEntropyOptions(),
+            )
+        return (loss, None) if return_outputs else loss

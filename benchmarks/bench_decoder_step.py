@@ -8,27 +8,37 @@ how the loss is computed:
 * ``plain``: ``transformers.Trainer`` with the model's own loss (full ``[batch, seq, vocab]`` logits);
 * ``checkpointed<N>``: the plain Trainer with :class:`baselines.CheckpointedChunkedLossTrainer` (``lm_head`` on N
   positions at a time under ``torch.utils.checkpoint``);
+* ``torch-lce-mean``: the plain Trainer with :class:`baselines.LinearCrossEntropyTrainer` (PyTorch's
+  ``F.linear_cross_entropy``, chunked, ``mean``: gradients in the forward pass);
 * ``minimax-full``: ``MinimaxTrainer`` (weighting ``minimax``, 3 domains) with ``causal_lm_chunk_size=0``;
-* ``minimax-default``: ``MinimaxTrainer`` with ``causal_lm_chunk_size`` unset (from the shapes: Liger's rule);
+* ``minimax-default``: ``MinimaxTrainer`` with ``causal_lm_chunk_size`` unset (from the shapes: Liger's rule),
+  ``weight_update='alternating'``: the first micro-batch recomputes the logits in the backward pass (``8VH`` FLOPs
+  per target), later ones take the single pass (``6VH``);
+* ``minimax-simultaneous``: the same with ``weight_update='simultaneous'``: every micro-batch on the single pass;
 * ``minimax-chunk<N>``: ``MinimaxTrainer`` with ``causal_lm_chunk_size=N``.
 
-Each round runs one step (``get_batch_samples`` + ``training_step`` + ``optimizer.step``, as the Trainer's loop does)
-of every configuration, in alternating order; the time ratio to ``plain`` is taken within each round and its median
-over rounds reported. On CUDA each step's peak is ``max_memory_allocated`` after ``reset_peak_memory_stats`` minus the
-memory allocated before it (the memory the step adds on top of model, gradients' buffers and optimizer state).
+Each round runs one step (``get_batch_samples`` + ``training_step`` over ``--accumulation`` micro-batches +
+``optimizer.step``, as the Trainer's loop does) of every configuration, in alternating order; the time ratio to
+``plain`` is taken within each round and its median over rounds reported. On CUDA each step's peak is
+``max_memory_allocated`` after ``reset_peak_memory_stats`` minus the memory allocated before it (the memory the step
+adds on top of model, gradients' buffers and optimizer state); on the CPU, run with ``MALLOC_MMAP_THRESHOLD_=65536``
+(every tensor over 64 KiB its own mapping, returned when freed), it is the resident set's peak over the step
+(``VmHWM`` after resetting it through ``/proc/self/clear_refs``) minus the resident set before it. The head's share
+of the step's FLOPs is ``6 V h D`` over the step's FLOPs (below).
 Model-FLOP utilisation: ``6 N D + 12 L h s D`` FLOPs per step (N parameters outside the input embeddings, D tokens,
 L layers, h hidden size, s sequence length: PaLM's appendix B, no credit for recomputation) over the step time and the
 device's dense bf16 peak (``--peak-tflops``; known for H100 / H200 / A100 by name).
 
     python benchmarks/bench_decoder_step.py                         # on a GPU (also run by gpu_check.py)
-    python benchmarks/bench_decoder_step.py --hidden 256 --seq-len 256 --batch-size 2 --layers 2 --rounds 5
-                                                                    # vocabulary 128k on a CPU (time only)
+    MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/bench_decoder_step.py --no-bf16 --hidden 256 --seq-len 256 \
+        --batch-size 2 --layers 2 --rounds 5 --chunk-sizes   # vocabulary 128k on a CPU (head share 95 %)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +46,7 @@ import time
 from pathlib import Path
 
 import torch
-from baselines import CheckpointedChunkedLossTrainer
+from baselines import CheckpointedChunkedLossTrainer, LinearCrossEntropyTrainer
 from bench_trainer_step import step
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
@@ -57,7 +67,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[128, 512, 2048, 8192])
+    parser.add_argument("--chunk-sizes", type=int, nargs="*", default=[128, 512, 2048, 8192])
+    parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--skip", nargs="*", default=[], help="configurations left out (plain always runs)")
+    parser.add_argument("--intermediate", type=int, help="the MLP's width (default: 4 x hidden)")
     parser.add_argument("--checkpointed-chunk", type=int, default=2048)
     parser.add_argument("--no-bf16", action="store_true", help="fp32 (the default trains under bf16 autocast)")
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: by device name)")
@@ -70,7 +83,7 @@ def llama(cli: argparse.Namespace) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=cli.vocab,
         hidden_size=cli.hidden,
-        intermediate_size=cli.hidden * 4,
+        intermediate_size=cli.intermediate or cli.hidden * 4,
         num_hidden_layers=cli.layers,
         num_attention_heads=max(1, cli.hidden // 128),
         num_key_value_heads=max(1, cli.hidden // 256),
@@ -82,7 +95,10 @@ def llama(cli: argparse.Namespace) -> LlamaForCausalLM:
 
 def configs(cli: argparse.Namespace) -> list[str]:
     chunks = [f"minimax-chunk{n}" for n in cli.chunk_sizes]
-    return ["plain", f"checkpointed{cli.checkpointed_chunk}", "minimax-full", "minimax-default", *chunks]
+    torch_op = ["torch-lce-mean"] if hasattr(torch.nn, "LinearCrossEntropyOptions") else []
+    fixed = ["plain", f"checkpointed{cli.checkpointed_chunk}", *torch_op, "minimax-full"]
+    names = [*fixed, "minimax-default", "minimax-simultaneous", *chunks]
+    return [name for name in names if name == "plain" or name not in cli.skip]
 
 
 def make_trainers(model: LlamaForCausalLM, cli: argparse.Namespace, out: str) -> dict[str, Trainer]:
@@ -104,11 +120,15 @@ def make_trainers(model: LlamaForCausalLM, cli: argparse.Namespace, out: str) ->
             trainers[config] = CheckpointedChunkedLossTrainer(
                 model=model, args=args, optimizers=(optimizer, None), chunk=chunk
             )
+        elif config == "torch-lce-mean":
+            args = TrainingArguments(**common)
+            trainers[config] = LinearCrossEntropyTrainer(model=model, args=args, optimizers=(optimizer, None))
         else:
-            named = {"minimax-full": 0, "minimax-default": None}  # None: causal_lm_chunk_size unset
+            named = {"minimax-full": 0, "minimax-default": None, "minimax-simultaneous": None}  # None: from the shapes
             chunk = named[config] if config in named else int(config.removeprefix("minimax-chunk"))
+            order = "simultaneous" if config == "minimax-simultaneous" else "alternating"
             args = MinimaxTrainingArguments(
-                **common, task_names=DOMAINS, weighting="minimax", causal_lm_chunk_size=chunk
+                **common, task_names=DOMAINS, weighting="minimax", causal_lm_chunk_size=chunk, weight_update=order
             )
             trainers[config] = MinimaxTrainer(model=model, args=args, optimizers=(optimizer, None))
     for trainer in trainers.values():
@@ -129,11 +149,23 @@ def make_batches(n: int, cli: argparse.Namespace) -> list[dict[str, torch.Tensor
 
 
 def flops_per_step(model: LlamaForCausalLM, cli: argparse.Namespace) -> float:
-    """``6 N D + 12 L h s D`` (see the module docstring)."""
+    """``6 N D + 12 L h s D`` (see the module docstring; D: the step's tokens, all micro-batches)."""
     embeddings = model.get_input_embeddings().weight.numel()
     parameters = sum(p.numel() for p in model.parameters()) - embeddings
-    tokens = cli.batch_size * cli.seq_len
+    tokens = cli.batch_size * cli.seq_len * cli.accumulation
     return 6 * parameters * tokens + 12 * cli.layers * cli.hidden * cli.seq_len * tokens
+
+
+def head_share(model: LlamaForCausalLM, cli: argparse.Namespace) -> float:
+    """The output layer's share of the step's FLOPs: ``6 V h D`` over :func:`flops_per_step`."""
+    tokens = cli.batch_size * cli.seq_len * cli.accumulation
+    return 6 * cli.vocab * cli.hidden * tokens / flops_per_step(model, cli)
+
+
+def resident_mb(field: str) -> float:
+    """``VmRSS`` / ``VmHWM`` of this process (MiB)."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
+    return int(line.split()[1]) / 1024
 
 
 def peak_flops(cli: argparse.Namespace) -> float | None:
@@ -155,21 +187,29 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
         model = llama(cli)
         trainers = make_trainers(model, cli, out)
         device = trainers["plain"].args.device
-        for i, batch in enumerate(make_batches(cli.rounds + cli.warmup, cli)):
+        batches = make_batches((cli.rounds + cli.warmup) * cli.accumulation, cli)
+        cpu_memory = not cuda and "MALLOC_MMAP_THRESHOLD_" in os.environ
+        for i in range(cli.rounds + cli.warmup):
+            micro_batches = batches[i * cli.accumulation : (i + 1) * cli.accumulation]
             for config in names if i % 2 == 0 else names[::-1]:
-                on_device = {k: v.to(device) for k, v in batch.items()}
+                on_device = [{k: v.to(device) for k, v in batch.items()} for batch in micro_batches]
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
                     before = torch.cuda.memory_allocated()
+                elif cpu_memory:
+                    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+                    before = resident_mb("VmRSS")
                 start = time.perf_counter()
-                step(trainers[config], [on_device], not config.startswith("minimax"))
+                step(trainers[config], on_device, not config.startswith("minimax"))
                 if i >= cli.warmup:
                     times[config].append(time.perf_counter() - start)
                     if cuda:
                         peaks[config].append((torch.cuda.max_memory_allocated() - before) / 2**20)
+                    elif cpu_memory:
+                        peaks[config].append(resident_mb("VmHWM") - before)
             print(f"round {i}: " + ", ".join(f"{c} {times[c][-1]:.3f}s" for c in names if times[c]), flush=True)
-        flops, peak = flops_per_step(model, cli), peak_flops(cli)
+        flops, peak, share = flops_per_step(model, cli), peak_flops(cli), head_share(model, cli)
     rows = []
     for config in names:
         ratios = [t / p for t, p in zip(times[config], times["plain"], strict=True)]
@@ -181,8 +221,10 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
             "time_ratios_per_round": [round(r, 3) for r in ratios],
             "model_tflops_per_s": round(flops / seconds / 1e12, 1),
             "mfu": None if peak is None else round(flops / seconds / peak, 3),
+            "head_share": round(share, 3),
+            "accumulation": cli.accumulation,
         }
-        if cuda:
+        if peaks[config]:
             memory = statistics.median(peaks[config])
             plain = statistics.median(peaks["plain"])
             row |= {"step_peak_mb": round(memory, 1), "memory_ratio_to_plain": round(memory / plain, 3)}
@@ -191,6 +233,8 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
         **{k: v for k, v in vars(cli).items() if k != "results"},
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "flops_per_step": flops,
+        "head_share": share,
+        "memory": "cuda max_memory_allocated" if cuda else ("VmHWM - VmRSS" if peaks["plain"] else None),
         "peak_flops": peak,
         "torch": torch.__version__,
     }
@@ -200,14 +244,14 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
 def table(rows: list[dict]) -> list[str]:
     memory = "step_peak_mb" in rows[0]
     lines = [
-        "| config | median step (s) | time / plain (median of rounds) | model TFLOP/s | MFU |"
-        + (" step peak (MB) | memory / plain |" if memory else ""),
-        "|---|---|---|---|---|" + ("---|---|" if memory else ""),
+        "| config | head share | accumulation | median step (s) | time / plain (median of rounds) | model TFLOP/s "
+        "| MFU |" + (" step peak (MB) | memory / plain |" if memory else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if memory else ""),
     ]
     for r in rows:
         line = (
-            f"| {r['config']} | {r['median_step_s']} | {r['time_ratio_to_plain']} | {r['model_tflops_per_s']} | "
-            f"{'n/a' if r['mfu'] is None else r['mfu']} |"
+            f"| {r['config']} | {r['head_share']:.0%} | {r['accumulation']} | {r['median_step_s']} | "
+            f"{r['time_ratio_to_plain']} | {r['model_tflops_per_s']} | {'n/a' if r['mfu'] is None else r['mfu']} |"
         )
         if memory:
             line += f" {r['step_peak_mb']} | {r['memory_ratio_to_plain']} |"

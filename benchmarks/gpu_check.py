@@ -24,11 +24,13 @@ Parts, each recorded with its outcome (``ok`` / ``failed`` with the error) and w
    it: the report's ``fp32_matmuls_in_tf32``), with peak CUDA memory and model-FLOP utilisation against the dense bf16
    peak; two sizes on CUDA (the 4-layer BERT of the CPU results, launch-bound on a GPU, and BERT-base at
    sequence 512).
-6. ``decoder_step``: ``bench_decoder_step.py`` at a Llama-3-like head (vocabulary 128,256, hidden 2,048, 4 layers,
-   4 x 2,048 tokens, bf16): the plain Trainer, a checkpointed chunked loss, MinimaxTrainer with the full logits and
-   with the sliced loss at several chunk sizes; time ratio per round, step peak memory, model-FLOP utilisation.
+6. ``decoder_step``: ``bench_decoder_step.py`` at a Llama-3-like head (vocabulary 128,256, hidden 2,048, bf16):
+   4 layers x 4 x 2,048 tokens (accumulation 1, and 4 micro-batches of 2,048) and 16 layers x 2 x 2,048 tokens (a
+   1B-like shape); the plain Trainer, a checkpointed chunked loss, PyTorch's ``F.linear_cross_entropy`` (chunked,
+   ``mean``), MinimaxTrainer with the full logits, with the sliced loss under the alternating and the simultaneous
+   order (single pass); head share of the FLOPs, time ratio per round, step peak memory, MFU on every row.
 
-Budget: about 5 minutes on one H100. Nothing is downloaded (models are built from configs).
+Budget: about 8 minutes on one H100. Nothing is downloaded (models are built from configs).
 """
 
 from __future__ import annotations
@@ -225,11 +227,26 @@ def bert_flops_per_step(size: dict) -> float:
     return 6 * parameters * tokens + 12 * size["layers"] * size["hidden"] * size["seq_len"] * tokens
 
 
+#: the decoder shapes timed on a GPU: the default (4 layers x 2,048, head share 0.48 by
+#: ``bench_decoder_step.head_share``) at accumulation 1 and 4, and a 1B-like model (16 layers x 2,048, head share
+#: 0.19); every run has the alternating and the simultaneous order (rows ``minimax-default`` / ``minimax-simultaneous``)
+DECODER_SHAPES = (
+    "--rounds 6 --warmup 2 --chunk-sizes 512",
+    "--rounds 6 --warmup 2 --chunk-sizes 512 --batch-size 1 --accumulation 4",
+    "--layers 16 --batch-size 2 --rounds 5 --warmup 2 --chunk-sizes",
+)
+#: the same code paths at tiny sizes (dry run)
+TINY_DECODER = "--vocab 512 --hidden 64 --seq-len 32 --batch-size 2 --rounds 2 --warmup 1 --checkpointed-chunk 16"
+TINY_DECODER_SHAPES = ("--layers 1 --chunk-sizes 4 64", "--layers 2 --chunk-sizes --accumulation 2")
+
+
 def decoder_step(dry_run: bool) -> dict:
-    tiny = "--vocab 512 --hidden 64 --layers 1 --seq-len 32 --batch-size 2 --rounds 2 --warmup 1 --chunk-sizes 4 64"
-    cli = bench_decoder_step.parse((tiny + " --checkpointed-chunk 16").split() if dry_run else [])
-    rows, setup = bench_decoder_step.run(cli)
-    return {"setup": setup, "results": rows}
+    runs = []
+    for shape in TINY_DECODER_SHAPES if dry_run else DECODER_SHAPES:
+        cli = bench_decoder_step.parse(f"{TINY_DECODER} {shape}".split() if dry_run else shape.split())
+        rows, setup = bench_decoder_step.run(cli)
+        runs.append({"setup": setup, "results": rows})
+    return {"runs": runs}
 
 
 def gpu_tests(dry_run: bool) -> dict:
@@ -336,8 +353,9 @@ def markdown(report: dict) -> str:
                 lines += bench_trainer_step.table(run["results"]) + [""]
                 lines += [f"Model-FLOP utilisation: {[(r['config'], r['mfu']) for r in run['results']]}", ""]
         elif part["part"] == "decoder_step":
-            lines += [f"Setup: `{json.dumps(part['result']['setup'])}`", ""]
-            lines += bench_decoder_step.table(part["result"]["results"]) + [""]
+            for run in part["result"]["runs"]:
+                lines += [f"Setup: `{json.dumps(run['setup'])}`", ""]
+                lines += bench_decoder_step.table(run["results"]) + [""]
         else:
             lines += ["```json", json.dumps(part["result"], indent=1, default=str), "```", ""]
     return "\n".join(lines)

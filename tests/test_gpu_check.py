@@ -50,15 +50,16 @@ def test_gpu_check_dry_run_runs_every_part_and_records_the_sync_counts(tmp_path)
     configs = [row["config"] for row in run["results"]]
     assert configs == ["plain-full-logits", "plain-sparse-head", "minimax", "proportional", "average"]
     assert all(row["model_tflops_per_s"] >= 0 and "mfu" in row for row in run["results"])
-    decoder = parts["decoder_step"]["result"]
-    assert [row["config"] for row in decoder["results"]] == [
-        "plain",
-        "checkpointed16",
-        "minimax-full",
-        "minimax-default",
-        "minimax-chunk4",
-        "minimax-chunk64",
-    ]
-    assert decoder["results"][0]["time_ratio_to_plain"] == 1.0 and decoder["setup"]["flops_per_step"] > 0
+    first, accumulated = parts["decoder_step"]["result"]["runs"]  # two shapes in the dry run
+    common = ["plain", "checkpointed16", "torch-lce-mean", "minimax-full", "minimax-default", "minimax-simultaneous"]
+    assert [row["config"] for row in first["results"]] == [*common, "minimax-chunk4", "minimax-chunk64"]
+    assert [row["config"] for row in accumulated["results"]] == common
+    assert [row["accumulation"] for row in accumulated["results"]] == [2] * len(common)
+    for run in (first, accumulated):
+        assert run["results"][0]["time_ratio_to_plain"] == 1.0 and run["setup"]["flops_per_step"] > 0
+        # the head's share of the step's FLOPs, 6 V h D / (6 N D + 12 L h s D), on every row, and the MFU field
+        assert all(0 < row["head_share"] < 1 and "mfu" in row for row in run["results"])
+    assert first["results"][0]["head_share"] > accumulated["results"][0]["head_share"]  # 1 layer against 2
     text = (tmp_path / "check.md").read_text()
     assert "## step_benchmark" in text and "## decoder_step" in text and "| minimax-chunk4 |" in text
+    assert "| minimax-simultaneous |" in text

@@ -41,15 +41,23 @@ def worst_case(theta: float) -> float:
     return float(task_losses(torch.tensor(theta)).max())
 
 
-def optimise(name: str, steps: int, lr: float = 0.1, decay: bool = True, **options) -> float:
-    """Weighted gradient descent; returns the average iterate over the second half (the theorem's output)."""
+def optimise(
+    name: str, steps: int, lr: float = 0.1, decay: bool = True, order: str = "alternating", **options
+) -> float:
+    """Weighted gradient descent; returns the average iterate over the second half (the theorem's output).
+    ``order='simultaneous'``: the weights of step k from the losses of step k-1 (none observed at step 0)."""
     strategy = build_weighting(name, T, **options)
     theta = torch.tensor(0.0, requires_grad=True)
     present = torch.ones(T, dtype=torch.bool)
-    tail = []
+    tail, previous = [], None
     for k in range(steps):
         losses = task_losses(theta)
-        weights = strategy.weights(losses.detach(), present)
+        if order == "alternating":
+            weights = strategy.weights(losses.detach(), present)
+        else:
+            seen = present if previous is not None else torch.zeros(T, dtype=torch.bool)
+            weights = strategy.weights(previous if previous is not None else torch.zeros(T), present, seen)
+            previous = losses.detach()
         (grad,) = torch.autograd.grad((weights * losses).sum(), theta)
         with torch.no_grad():
             theta -= (lr / math.sqrt(k + 1) if decay else lr) * grad
@@ -69,9 +77,10 @@ def test_average_converges_to_its_closed_form_minimiser():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("order", ["alternating", "simultaneous"])
 @pytest.mark.parametrize(("name", "options"), [("minimax", {"alpha": 1.0, "alpha_schedule": "sqrt"}), ("hardmax", {})])
-def test_minimax_strategies_converge_to_the_minimax_point(name, options):
-    theta = optimise(name, 4000, **options)
+def test_minimax_strategies_converge_to_the_minimax_point(name, options, order):
+    theta = optimise(name, 4000, order=order, **options)
     assert theta == pytest.approx(THETA_STAR, abs=0.01)
     expected_ratio = ((T - 1) * (1 + math.sqrt(A)) / (A + T - 1)) ** 2
     assert worst_case(THETA_AVG) / worst_case(theta) == pytest.approx(expected_ratio, rel=0.05)
@@ -220,3 +229,40 @@ def test_trainer_trajectory_equals_an_independent_reimplementation(tmp_path, wei
         gamma = options["morbit_step_size"]
         first = np.array([1 / T + gamma * A] + [1 / T] * (T - 1)) - gamma * A / T
     assert np.abs(trained.weights[0] - first).max() <= 1e-6
+
+
+def simultaneous(rule):
+    """The same rule under ``weight_update='simultaneous'``: step k weighed by step k-1's losses (step 0: none
+    observed, every estimate 0)."""
+    previous = [np.zeros(T)]
+
+    def delayed(k, losses):
+        w = rule(k, previous[0])
+        previous[0] = losses
+        return w
+
+    return delayed
+
+
+@pytest.mark.parametrize(
+    ("weighting", "options", "rule"),
+    [
+        ("minimax", {"alpha": 0.5}, minimax_rule(0.5, "constant")),
+        ("group_dro", {"dro_step_size": 0.1, "dro_smoothing": 0.01}, group_dro_rule(0.1, 0.01)),
+    ],
+    ids=["minimax", "group_dro"],
+)
+def test_simultaneous_trajectory_equals_an_independent_reimplementation(tmp_path, weighting, options, rule):
+    trained = train_toy(tmp_path, weighting, weight_update="simultaneous", **options)
+    weights, thetas = reference_trajectory(simultaneous(rule))
+    assert np.abs(trained.weights[0] - 1 / T).max() <= 1e-6  # nothing observed yet: uniform
+    assert np.abs(np.array(trained.weights) - np.array(weights)).max() <= 1e-5
+    assert np.abs(np.array(trained.thetas) - np.array(thetas)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("order", ["alternating", "simultaneous"])
+def test_both_orders_reach_the_minimax_point_with_group_dro(order):
+    """Exponentiated-gradient weights (group DRO / DoReMi) and gradient descent, averaged iterates: the same optimum
+    ``sqrt(A) / (1 + sqrt(A))`` whichever player moves first."""
+    theta = optimise("group_dro", 3000, lr=0.05, order=order, dro_step_size=0.5, dro_smoothing=0.0)
+    assert theta == pytest.approx(THETA_STAR, abs=0.01)

@@ -150,6 +150,7 @@ def main() -> None:
     parser.add_argument("--fsdp2", action="store_true", help="shard with FSDP2 (fully_shard per LlamaDecoderLayer)")
     parser.add_argument("--max_steps", type=int, default=1)
     parser.add_argument("--reference_model", help="the online excess over this reference model (minimax)")
+    parser.add_argument("--weight_update", default="alternating")
     cli = parser.parse_args()
     chunking = {} if cli.chunk_size is None else {"causal_lm_chunk_size": cli.chunk_size}
     if cli.reference_model:
@@ -161,6 +162,7 @@ def main() -> None:
         per_device_train_batch_size=cli.batch_size,
         gradient_accumulation_steps=cli.grad_accum,
         max_steps=cli.max_steps,
+        weight_update=cli.weight_update,
         data_seed=7,
     )
     examples = domain_examples(8 * cli.max_steps)
@@ -179,6 +181,7 @@ def main() -> None:
     run = {
         "wrapped_model": type(trainer.model_wrapped).__name__,
         "chunked_forward_passes": 0 if trainer.lm_loss is None else trainer.lm_loss.forward_passes,
+        "single_passes": 0 if trainer.lm_loss is None else trainer.lm_loss.single_passes,
         "task_losses": {name: logged[f"task_loss/{name}"] for name in DOMAINS},
     }
     if references is not None:

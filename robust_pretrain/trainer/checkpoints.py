@@ -17,7 +17,8 @@ WEIGHTING_STATE_NAME = "weighting_state.json"
 
 class WeightingCheckpoints:
     """``MinimaxTrainer``'s checkpoint side, mixed into it: the ``save_model`` and ``train`` hooks write and restore
-    the weighting state. Reads the trainer's ``task_names``, ``weighting`` and ``step_weights``."""
+    the weighting state. Reads the trainer's ``task_names``, ``weighting``, ``step_weights`` and, under
+    ``weight_update='simultaneous'``, the last step's observation the next step's weights come from."""
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model as the Trainer does, plus ``weighting_state.json`` (the strategy's state, JSON).
@@ -46,6 +47,8 @@ class WeightingCheckpoints:
                 "step_weights": self.step_weights.tolist(),
                 "state": self.weighting.state_dict(),
             }
+            if self._previous_observation is not None:  # weight_update='simultaneous': the next step's weights' input
+                state["previous_observation"] = self._previous_observation.tolist()
             with open(path, "w") as f:
                 json.dump(state, f, indent=1)
 
@@ -72,6 +75,8 @@ class WeightingCheckpoints:
             )
         self.weighting.load_state_dict(state["state"])
         self.step_weights = torch.tensor(state["step_weights"])
+        previous = state.get("previous_observation")
+        self._previous_observation = None if previous is None else torch.tensor(previous, device=self.args.device)
 
     def train(
         self,

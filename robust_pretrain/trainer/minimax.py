@@ -104,6 +104,11 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
         self._step_counts: torch.Tensor | None = None
         self._target_losses: torch.Tensor | None = None  # the last forward pass's per-target losses (detached)
         self._micro_index = 0
+        #: the step's weights where known before its first forward pass (see TaskObjective._prepare_weights)
+        self._weights_ahead: torch.Tensor | None = None
+        self._host_step_counts: torch.Tensor | None = None
+        #: weight_update='simultaneous': the last step's first micro-batch's pooled per-task sums and counts
+        self._previous_observation: torch.Tensor | None = None
         #: each prefetched micro-batch's targets, by the identity of its ``labels`` (computed once per micro-batch)
         self._batch_targets: dict[int, tuple[torch.Tensor, TaskTargets]] = {}
         #: device-side bookkeeping of the step's later micro-batches, read at its last one (see _weighted_objective)
@@ -258,6 +263,8 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        if model.training and self._micro_index == 0:
+            self._prepare_weights()
         sums, counts, outputs = self._task_sums(model, inputs)
         if model.training:
             # the weights come from the step's first micro-batch: only there is the reference model's loss needed

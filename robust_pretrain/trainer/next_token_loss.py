@@ -104,7 +104,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         loss_dtype = softmax_dtype(compute_dtype)
         vocab = weight.shape[0]
-        inputs = _cast(hidden, compute_dtype)
+        inputs = cast_to(hidden, compute_dtype)
         log_normalizers = hidden.new_full((hidden.shape[0],), -math.inf, dtype=loss_dtype)
         target_logits = torch.zeros_like(log_normalizers)
         logit_sums = torch.zeros_like(log_normalizers) if smoothing else None
@@ -145,7 +145,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         need_hidden, need_weight, need_bias = needs_grad
         loss_dtype = softmax_dtype(compute_dtype)
-        inputs = _cast(hidden, compute_dtype)
+        inputs = cast_to(hidden, compute_dtype)
         grad_hidden = torch.zeros(hidden.shape, dtype=loss_dtype, device=hidden.device) if need_hidden else None
         grad_weight = torch.empty_like(weight) if need_weight else None
         grad_bias = torch.empty_like(bias) if need_bias else None
@@ -165,7 +165,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             grad = transform.backward(grad, logits).to(compute_dtype)
             del logits
             if need_hidden:
-                _accumulate_product(grad_hidden, grad, _cast(weight[columns], compute_dtype))
+                accumulate_product(grad_hidden, grad, cast_to(weight[columns], compute_dtype))
             if need_weight:
                 _write_product(grad_weight[columns], grad.T, inputs)
             if need_bias:
@@ -178,7 +178,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
         )
 
 
-def _accumulate_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def accumulate_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``out += a @ b``, in place where the dtypes agree (no ``out``-sized temporary)."""
     if out.dtype == a.dtype:
         out.addmm_(a, b)
@@ -233,8 +233,8 @@ def _slice_logits(
     width = vocabulary_slice_width(chunk_size, inputs.shape[0], vocab)
     for start in range(0, vocab, width):
         columns = slice(start, start + width)
-        sliced_bias = None if bias is None else _cast(bias[columns], compute_dtype)
-        logits = F.linear(inputs, _cast(weight[columns], compute_dtype), sliced_bias)
+        sliced_bias = None if bias is None else cast_to(bias[columns], compute_dtype)
+        logits = F.linear(inputs, cast_to(weight[columns], compute_dtype), sliced_bias)
         yield columns, transform(logits.to(softmax_dtype(compute_dtype)))
 
 
@@ -250,7 +250,8 @@ def softmax_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(compute_dtype, torch.float32)
 
 
-def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def cast_to(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``tensor`` in ``dtype`` (``None`` stays ``None``)."""
     return None if tensor is None else tensor.to(dtype)
 
 
@@ -318,7 +319,9 @@ class ChunkedNextTokenLoss:
         self.last_chunk_size: int | None = None
         self.transform = LogitTransform.of(model.config) if hasattr(model, "config") else LogitTransform()
         self.forward_passes = 0
-        self._request: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        #: forward passes that computed the head's gradients too (targets' ``scales`` given)
+        self.single_passes = 0
+        self._request: tuple | None = None
         self._losses: torch.Tensor | None = None
         self._first_position: torch.Tensor | None = None
         self._handle = head.register_forward_pre_hook(self._compute_losses)
@@ -339,11 +342,14 @@ class ChunkedNextTokenLoss:
         targets: torch.Tensor,
         smoothing: float = 0.0,
         positions: torch.Tensor | None = None,
+        scales: torch.Tensor | None = None,
     ) -> Iterator[None]:
         """Within the block, the model's forward pass computes the losses of ``targets`` (the labels at the positions
         where ``mask`` ``[batch, seq]`` is true, in that order; ``positions``: their flat indices, which spare the
-        boolean-mask selection its host sync); read them with :meth:`losses`."""
-        self._request, self._losses = (mask, targets, smoothing, positions), None
+        boolean-mask selection its host sync); read them with :meth:`losses`. ``scales``: each target's weight in the
+        objective, known before the forward pass: the gradients are then computed in it
+        (:func:`~robust_pretrain.trainer.single_pass_loss.single_pass_head_losses`)."""
+        self._request, self._losses = (mask, targets, smoothing, positions, scales), None
         try:
             yield
         finally:
@@ -365,7 +371,7 @@ class ChunkedNextTokenLoss:
     def _compute_losses(self, module: torch.nn.Module, args: tuple) -> tuple | None:
         if self._request is None or not args or not torch.is_tensor(args[0]):
             return None
-        mask, targets, smoothing, positions = self._request
+        mask, targets, smoothing, positions, scales = self._request
         hidden = args[0]
         if hidden.dim() != 3 or hidden.shape[:2] != mask.shape:
             return None
@@ -388,7 +394,15 @@ class ChunkedNextTokenLoss:
                 f"{module.weight.shape[0]}, hidden {module.weight.shape[1]})"
             )
         self.last_chunk_size = chunk_size
-        self._losses = chunked_head_losses(selected, module, targets, chunk_size, self.transform, smoothing)
+        if scales is not None and torch.is_grad_enabled():
+            from .single_pass_loss import single_pass_head_losses  # it builds on this module
+
+            self._losses = single_pass_head_losses(
+                selected, module, targets, scales, chunk_size, self.transform, smoothing
+            )
+            self.single_passes += 1
+        else:
+            self._losses = chunked_head_losses(selected, module, targets, chunk_size, self.transform, smoothing)
         first_position = hidden[:, :1]
         self.forward_passes += 1
         if self.forward_passes & (self.forward_passes - 1) == 0:  # a power of two

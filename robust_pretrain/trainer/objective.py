@@ -13,6 +13,7 @@ import torch
 
 from ..task_losses import HOST_TARGET_COLUMNS, next_token_targets, per_target_losses, reduce_by_task
 from .models import last_encoder_layer
+from .weight_update import loss_free_weights
 
 
 class TaskObjective:
@@ -85,7 +86,8 @@ class TaskObjective:
         lm_loss = self.reference_lm_loss if reference else self.lm_loss
         chunked = lm_loss is not None and not self._collecting_predictions
         if chunked:  # the model returns the logits of its first position only
-            context = lm_loss.targets(targets.mask, targets.gather(labels), smoothing, targets.positions)
+            scales = self._target_scales(targets) if model.training and not reference else None
+            context = lm_loss.targets(targets.mask, targets.gather(labels), smoothing, targets.positions, scales)
         else:
             context = head.select(targets.mask, targets.positions) if sparse else nullcontext()
         with context:
@@ -145,7 +147,9 @@ class TaskObjective:
         """This micro-batch's share of the step's objective; ``reference_sums``: the reference model's per-task loss
         sums on the same targets (first micro-batch only). Host synchronisation: one device->host transfer at the
         step's first micro-batch (the weighting's inputs), one at its last (the later micro-batches' finiteness and,
-        for a ``task_losses`` model, task presence), none in between."""
+        for a ``task_losses`` model, task presence), none in between; under ``weight_update='simultaneous'`` the first
+        one comes before the forward pass (:meth:`_prepare_weights`) and the first micro-batch's finiteness is read
+        with the later ones'."""
         step_counts = self._step_counts
         per_micro_batch = step_counts is None  # dict-returning model: counts are only known after the forward pass
         if per_micro_batch:
@@ -156,33 +160,18 @@ class TaskObjective:
         if self._micro_index == 0:
             parts = [sums.detach().float(), counts.float()]
             pooled = self._all_reduce(torch.cat(parts if reference_sums is None else [*parts, reference_sums.float()]))
-            host = torch.cat([pooled, step_counts.float()]).cpu()  # the step's one transfer of the weighting inputs
-            pooled_sums, pooled_counts = host[: self.num_tasks], host[self.num_tasks : 2 * self.num_tasks]
-            host_step_counts = host[-self.num_tasks :]
-            observed = pooled_counts > 0
-            means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
-            self._check_finite(means, observed)
-            extra: dict[str, torch.Tensor] = {}
-            if reference_sums is not None:  # the reference model's means on the same targets (checked on the host)
-                reference_means = host[2 * self.num_tasks : 3 * self.num_tasks] / pooled_counts.clamp_min(1)
-                extra["reference_losses"] = torch.where(observed, reference_means, math.nan)
-            grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
-            host_present = host_step_counts > 0
-            self._rule_weights = (
-                self.weighting.weights(
-                    means, host_present, observed, grad_norms=grad_norms, task_counts=host_step_counts, **extra
-                )
-                .detach()
-                .cpu()
-            )
+            if self.args.weight_update == "simultaneous":
+                host_present = self._simultaneous_step(pooled, sums, counts, step_counts)
+            else:
+                host_present = self._alternating_weights(pooled, step_counts, sums, counts)
             self._device_rule_weights = self._rule_weights.to(sums.device, non_blocking=True)
             if per_micro_batch:  # effective weight: w_t / GA for each micro-batch where task t is present
                 self.step_weights = self._rule_weights * host_present / self.current_gradient_accumulation_steps
             else:
                 self.step_weights = self._rule_weights
-            self._later_nonfinite = torch.zeros(self.num_tasks, dtype=torch.bool, device=sums.device)
-            self._later_presence = torch.zeros(self.num_tasks, device=sums.device)
             regularizer = self.weighting.regularizer(host_present)
+            if self.args.weight_update == "simultaneous" and self.current_gradient_accumulation_steps == 1:
+                self._check_later_micro_batches(per_micro_batch, first=True)
         else:
             self._later_nonfinite |= (counts > 0) & ~torch.isfinite(sums.detach() / counts.clamp_min(1))
             self._later_presence += present
@@ -193,14 +182,110 @@ class TaskObjective:
         loss = (weights * sums / step_counts.clamp_min(1)).sum() * self.accelerator.num_processes
         return loss if regularizer is None else loss + regularizer
 
-    def _check_later_micro_batches(self, per_micro_batch: bool) -> None:
+    def _alternating_weights(
+        self, pooled: torch.Tensor, step_counts: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """The step's weights from its first micro-batch's pooled per-task sums, counts (and reference sums):
+        one host transfer, with the weights predicted before the forward pass where they were (checked equal).
+        Returns the step's present tasks (host)."""
+        n = self.num_tasks
+        ahead = [] if self._weights_ahead is None else [self._weights_ahead.float()]
+        host = torch.cat([pooled, step_counts.float(), *ahead]).cpu()  # the step's one transfer of the inputs
+        pooled_sums, pooled_counts = host[:n], host[n : 2 * n]
+        host_step_counts = host[len(pooled) : len(pooled) + n]
+        observed = pooled_counts > 0
+        means = torch.where(observed, pooled_sums / pooled_counts.clamp_min(1), math.nan)
+        self._check_finite(means, observed)
+        extra: dict[str, torch.Tensor] = {}
+        if len(pooled) > 2 * n:  # the reference model's means on the same targets (checked on the host)
+            reference_means = host[2 * n : 3 * n] / pooled_counts.clamp_min(1)
+            extra["reference_losses"] = torch.where(observed, reference_means, math.nan)
+        grad_norms = self._task_grad_norms(sums, counts) if self.weighting.needs_grad_norms else None
+        host_present = host_step_counts > 0
+        self._rule_weights = (
+            self.weighting.weights(
+                means, host_present, observed, grad_norms=grad_norms, task_counts=host_step_counts, **extra
+            )
+            .detach()
+            .cpu()
+        )
+        if ahead and not torch.allclose(host[-n:], self._rule_weights, rtol=1e-6, atol=0):
+            raise RuntimeError(
+                f"the weights used before the forward pass {host[-n:].tolist()} differ from the strategy's "
+                f"{self._rule_weights.tolist()}"
+            )
+        self._later_nonfinite = torch.zeros(n, dtype=torch.bool, device=sums.device)
+        self._later_presence = torch.zeros(n, device=sums.device)
+        return host_present
+
+    def _prepare_weights(self) -> None:
+        """Before the step's first forward pass: its weights where they are known already (``_weights_ahead``): under
+        ``weight_update='simultaneous'`` from the previous step's losses (one host transfer, the step's only one at
+        its first micro-batch), else those of a strategy that does not weigh by the losses (on the device)."""
+        self._weights_ahead = None
+        if self._step_counts is None:
+            return
+        if self.args.weight_update == "simultaneous":
+            self._weights_ahead, self._host_step_counts = self._simultaneous_weights(self._step_counts)
+            self._device_rule_weights = self._weights_ahead.to(self.args.device, non_blocking=True)
+        else:
+            self._weights_ahead = loss_free_weights(self.weighting, self._step_counts > 0, self._step_counts)
+            if self._weights_ahead is not None:
+                self._device_rule_weights = self._weights_ahead
+
+    def _simultaneous_weights(self, step_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's weights from the previous step's first micro-batch (its pooled per-task sums, counts and
+        reference sums; none before the first step: every task unobserved), and the step's target counts (host)."""
+        n = self.num_tasks
+        previous = [] if self._previous_observation is None else [self._previous_observation.to(step_counts.device)]
+        host = torch.cat([step_counts.float(), *previous]).cpu()
+        host_step_counts = host[:n]
+        observation = host[n:] if previous else torch.zeros((3 if self.reference is not None else 2) * n)
+        sums, counts = observation[:n], observation[n : 2 * n]
+        observed = counts > 0
+        means = torch.where(observed, sums / counts.clamp_min(1), math.nan)
+        extra: dict[str, torch.Tensor] = {}
+        if self.reference is not None:
+            extra["reference_losses"] = torch.where(observed, observation[2 * n :] / counts.clamp_min(1), math.nan)
+        weights = self.weighting.weights(means, host_step_counts > 0, observed, task_counts=host_step_counts, **extra)
+        return weights.detach().cpu(), host_step_counts
+
+    def _simultaneous_step(
+        self, pooled: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor, step_counts: torch.Tensor
+    ) -> torch.Tensor:
+        """Under the simultaneous order, at the first micro-batch: its pooled sums are kept on the device for the next
+        step's weights, its finiteness is read with the later micro-batches'; the weights are those computed before
+        the forward pass (or now, for a ``task_losses`` model). Returns the step's present tasks (host)."""
+        if self._weights_ahead is None:
+            self._weights_ahead, self._host_step_counts = self._simultaneous_weights(step_counts)
+        self._rule_weights = self._weights_ahead
+        self._previous_observation = pooled.detach()
+        self._later_nonfinite = (counts > 0) & ~torch.isfinite(sums.detach() / counts.clamp_min(1))
+        self._later_presence = torch.zeros(self.num_tasks, device=sums.device)
+        return self._host_step_counts > 0
+
+    def _target_scales(self, targets: Any) -> torch.Tensor | None:
+        """Each target's weight in this micro-batch's objective, ``w_t * processes / N_t`` (``N_t``: the step's targets
+        of its task), where the weights are known before the forward pass (later micro-batches: fixed at the first;
+        the first: :meth:`_prepare_weights`), so that the chunked loss computes the head's gradients in it; ``None``
+        otherwise, and for GradNorm (its per-task gradients are not the objective's)."""
+        if self._step_counts is None or self.weighting.needs_grad_norms:
+            return None
+        if self._micro_index == 0 and self._weights_ahead is None:
+            return None
+        step_counts = self._step_counts.to(self._device_rule_weights.device)
+        weights = self.weighting.differentiable_weights(self._device_rule_weights, step_counts > 0).detach()
+        scales = weights.to(step_counts.device) * self.accelerator.num_processes / step_counts.clamp_min(1)
+        return scales.to(targets.ids.device)[targets.ids]
+
+    def _check_later_micro_batches(self, per_micro_batch: bool, first: bool = False) -> None:
         """At the step's last micro-batch (before its backward pass): one transfer of the later micro-batches'
         non-finite task flags and, for a ``task_losses`` model, of the number of them each task was present in
-        (effective weight ``w_t * k_t / GA``, see the module docstring)."""
+        (effective weight ``w_t * k_t / GA``, see the module docstring); ``first``: the last is the first."""
         host = torch.cat([self._later_nonfinite.float(), self._later_presence]).cpu()
         nonfinite, presence = host.split(self.num_tasks)
         self._check_finite(torch.where(nonfinite > 0, math.nan, 0.0), nonfinite > 0)
-        if per_micro_batch:
+        if per_micro_batch and not first:
             self.step_weights = self.step_weights + self._rule_weights * presence / (
                 self.current_gradient_accumulation_steps
             )

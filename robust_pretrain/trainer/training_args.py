@@ -20,6 +20,9 @@ from .task_sampling import check_importance_sampling, refuse_learned_sampler
 
 logger = logging.getLogger(__name__)
 
+#: the orders of ``weight_update`` (see :mod:`robust_pretrain.trainer.weight_update`)
+WEIGHT_UPDATES = ("alternating", "simultaneous")
+
 
 def use_cpu_when_launched_without_accelerator(args: TrainingArguments) -> None:
     """Under ``torchrun`` (``WORLD_SIZE`` > 1) on a machine without an accelerator, set ``use_cpu`` (gloo DDP).
@@ -145,6 +148,14 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         minimum=0,
     )
 
+    weight_update: str = option(
+        "alternating",
+        "When the strategy's weights move: 'alternating' weighs each step by the losses of its own first micro-batch "
+        "(the weights first, then the model at them); 'simultaneous' by the losses measured at the previous step (both "
+        "from the same point, as in online mirror descent), so the weights are known before the forward pass and "
+        "every micro-batch computes the head's gradients in it (causal LMs). Not with gradnorm.",
+        choices=WEIGHT_UPDATES,
+    )
     task_sampling: str = option(
         "none",
         "'none': batches as the data gives them, the objective the strategy's weights on the task means; 'online': "
@@ -278,6 +289,11 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError("importance_weighting: corrects the draws of task_sampling='fixed', and only those")
         if self.task_sampling == "online" and self.reference_model is not None:
             raise ValueError("task_sampling='online' minimises the plain mean: it cannot use reference_model")
+        if self.weight_update == "simultaneous" and strategy.needs_grad_norms:
+            raise ValueError(
+                f"weight_update='simultaneous': weighting={self.weighting!r} weighs by this step's per-task gradient "
+                "norms, which exist only after its forward pass; use weight_update='alternating'"
+            )
         if self.task_sampling == "online" or self.importance_weighting:
             refuse_learned_sampler(strategy, f"weighting={self.weighting!r}")
         if self.importance_weighting and weights is not None and len(weights) == strategy.num_tasks:
