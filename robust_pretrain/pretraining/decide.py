@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 
 from robust_pretrain.cli import UsageError, refuse, run_console
@@ -173,9 +175,11 @@ def run_options(passed: list[str], readings: int) -> list[str]:
         max_steps = int(steps)
     except ValueError:
         raise UsageError(f"--max_steps {steps}: expected a whole number of steps") from None
+    if max_steps < 1:
+        raise UsageError(f"--max_steps {steps}: decide needs a fixed number of steps >= 1")
     if readings > 1:
         options = canonical_options(
-            [*options, "--eval_strategy", "steps", "--eval_steps", str(max(1, max_steps // readings))]
+            [*options, "--eval_strategy", "steps", "--eval_steps", str(math.ceil(max_steps / readings))]
         )
     return options
 
@@ -214,10 +218,16 @@ def parse_cell(entry: str, arms: list[str], seeds: list[int]) -> tuple[str, int]
 
 def recipe_domains(options: list[str]) -> dict[str, Any]:
     """The domains of the recipe's data and their held-out texts, its options checked (no training, nothing written)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        _, data_args, _ = causal_lm.parse_arguments([*options, "--output_dir", scratch])
-        texts = causal_lm.load_domain_texts(data_args)
-        causal_lm.require_every_domain(texts)
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a refusal is one line
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            _, data_args, _ = causal_lm.parse_arguments([*options, "--output_dir", scratch])
+            texts = causal_lm.load_domain_texts(data_args)
+            causal_lm.require_every_domain(texts)
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
     counts = torch.bincount(torch.as_tensor(texts.validation["domain"]), minlength=len(texts.names)).tolist()
     return {"domains": texts.names, "held_out_texts": dict(zip(texts.names, counts, strict=True))}
 
@@ -370,10 +380,11 @@ def conclude(setup: Setup, protocol: dict[str, Any]) -> dict[str, Any]:
 
 
 def decide(
-    args: DecideArguments, passed: list[str], run: CellRunner, read_domains: DomainReader = recipe_domains
+    args: DecideArguments, passed: list[str], run: CellRunner, read_domains: DomainReader | None = None
 ) -> dict[str, Any]:
-    """Check every input, fix the protocol, then as asked: plan, one cell, the report, or all cells and the report."""
-    setup = prepare(args, passed, read_domains)
+    """Check every input, fix the protocol, then as asked: plan, one cell, the report, or all cells and the report
+    (``read_domains``: :func:`recipe_domains` unless given)."""
+    setup = prepare(args, passed, read_domains or recipe_domains)
     protocol = fix_protocol(setup.root, setup.protocol, write=not args.report)
     if args.report:
         return conclude(setup, protocol)
