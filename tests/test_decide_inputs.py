@@ -104,7 +104,9 @@ def test_repeated_arms_add_up_and_a_hand_written_file_gets_the_natural_provenanc
     root = tmp_path / "d"
     argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", "stratified", "--arm", f"a={first}"]
     parser = decide.OptionParser(decide.DecideArguments, allow_abbrev=False)
-    namespace, passed = parser.parse_known_args(decide.merge_repeats([*argv, "--arm", f"b={second}", "--max_steps", "4"]))
+    namespace, passed = parser.parse_known_args(
+        decide.merge_repeats([*argv, "--arm", f"b={second}", "--max_steps", "4"])
+    )
     args = decide.DecideArguments(**vars(namespace))
     assert args.arm == [f"a={first}", f"b={second}"] and passed == ["--max_steps", "4"]
     cells = FakeCells(root)
