@@ -14,7 +14,7 @@ import pytest
 from test_recipe_causal_lm import recipe_argv
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.pretraining import decide
+from robust_pretrain.pretraining import decide, decide_arms
 from robust_pretrain.reporting.decision import (
     HELPS,
     HELPS_BELOW_MARGIN,
@@ -272,10 +272,26 @@ def test_the_real_recipe_end_to_end_and_a_rerun_reuses_every_cell(tmp_path):
     passed = [a for a in recipe_argv(tmp_path, "unused", "--max_steps", "3") if a not in ("--seed", "5")]
     passed = passed[: passed.index("--output_dir")] + passed[passed.index("--output_dir") + 2 :]
     root = tmp_path / "decide"
-    arms = ["sampling_control", "minimax", "doremi"]
-    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", *arms, *passed]
+    arms = ["sampling_control", "unimax", "minimax", "minimax_capped", "doremi"]
+    floors = ["--min_held_out_texts", "1", "--min_held_out_tokens", "1", "--readings", "3", "--epoch_cap", "0.5"]
+    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", *arms, *floors, *passed]
     summary = decide.run(argv)
     assert list(summary["arms"]) == ["natural", *arms]
+    natural = json.loads((root / "cells" / "natural" / "seed-1" / "task_report.json").read_text())
+    texts = natural["held_out_texts"]
+    assert min(texts.values()) >= 1 and min(natural["held_out_tokens"].values()) > 0
+    assert natural["global_batch_sequences"] == 4
+    assert [r["step"] for r in natural["eval_readings"]] == [1, 2, 3]  # every ceil(3 / 3) steps, the last the end
+    assert natural["eval_readings"][-1]["eval_task_loss"] == pytest.approx(natural["eval_task_loss"])
+    assert [r["step"] for r in summary["regime"]["readings"]] == [1, 2, 3]
+    capped = json.loads((root / "cells" / "minimax_capped" / "seed-1" / "task_report.json").read_text())
+    assert capped["settings"]["max_epochs_per_task"] == 0.5
+    # 3 steps x 4 sequences = 12 draws: no domain drawn more than its cap plus one global batch
+    sequences = capped["training_sequences"]
+    assert all(capped["epochs_drawn"][d] * sequences[d] <= 0.5 * sequences[d] + 4 for d in sequences)
+    assert sum(capped["epochs_drawn"][d] * sequences[d] for d in sequences) == pytest.approx(12)
+    unimax = json.loads((root / "cells" / "unimax" / "seed-1" / "arm_weights.json").read_text())["weights"]
+    assert unimax == pytest.approx(decide_arms.unimax_weights(natural["training_sequences"], 12, 0.5))
     doremi = json.loads((root / "cells" / "doremi" / "seed-1" / "main" / "task_report.json").read_text())
     assert doremi["mixture_kind"] == "file"  # the mixture's main run, drawing the learned weights
     natural = json.loads((root / "cells" / "natural" / "seed-1" / "task_report.json").read_text())

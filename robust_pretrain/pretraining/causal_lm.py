@@ -353,6 +353,8 @@ def write_report(
         else SAMPLING_NAMES[training_args.task_sampling],
         "max_seq_length": data_args.max_seq_length,
     }
+    if training_args.max_epochs_per_task is not None:
+        recipe_settings["max_epochs_per_task"] = training_args.max_epochs_per_task
     stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
     report = task_report(names, trainer.state.log_history, eval_metrics, stated, trainer.step_weights.tolist())
     report.update(
