@@ -89,3 +89,17 @@ def test_the_card_states_epochs_readings_power_and_the_run_prints_cost_and_verdi
     assert (
         "decide: minimax vs sampling_control: -0.250 [" in out and f"decide: the card is {root / 'decision.md'}" in out
     )
+
+
+def test_the_temperature_cell_and_a_custom_file_with_its_own_provenance():
+    natural = fake_report(["--seed", "1", "--weighting", "proportional", "--max_steps", "300"])
+    settings = {"epoch_cap": 4.0, "temperature": 2.0}
+    _, _, files = cell_plan("temperature", Path("c"), natural, settings, {})
+    (content,) = files.values()
+    # sqrt of 0.6 / 0.37 / 0.03, normalised
+    roots = {d: s**0.5 for d, s in {"answers": 0.6, "email": 0.37, "code": 0.03}.items()}
+    assert content["weights"] == pytest.approx({d: r / sum(roots.values()) for d, r in roots.items()})
+    own = {"weights": dict.fromkeys(DOMAINS, 1.0), "provenance": {"tokenizer_sha256": "elsewhere"}}
+    _, options, files = cell_plan("mine", Path("c"), natural, settings, {"mine": own})
+    assert files == {Path("c") / "arm_weights.json": own}  # checked against the run's provenance by the recipe
+    assert options[-2:] == ["--domain_weights", str(Path("c") / "arm_weights.json")]
