@@ -137,3 +137,15 @@ def test_the_folder_is_recognised_by_its_contents_and_options_in_any_order(tmp_p
     moved = FakeCells(tmp_path / "moved")
     assert run_plan(tmp_path / "moved", ["--max_steps", "4", "--learning_rate", "0.001"], moved) == summary
     assert moved.calls == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--learning_rate", "-1"], "--learning_rate must be > 0"),
+        (["--bogus_option", "3"], "unknown option --bogus_option"),
+        (["--domain_files", "a=/nonexistent/a.txt", "b=/nonexistent/b.txt"], "data file not found"),
+    ],
+)
+def test_the_recipe_options_and_data_are_checked_before_anything_is_written(tmp_path, capsys, extra, message):
+    refused(tmp_path, capsys, [*domain_files(tmp_path / "two", {"big": 40, "rare": 20}), *extra], message)

@@ -85,7 +85,10 @@ def test_the_card_states_epochs_readings_power_and_the_run_prints_cost_and_verdi
     written = json.loads((root / "decision.json").read_text())
     assert written["regime"]["verdict_flips"]["minimax"] is True and written["baseline"] == "sampling_control"
     out = capsys.readouterr().out
-    assert "decide: 9 cells, 9 trainings of 8 steps" in out and "s per step (natural:1)" in out
+    assert (
+        "decide: 9 cells, 9 trainings of 8 steps" in out
+        and "decide: natural:1 took 0 s: about 0.0 min for the other 8 trainings" in out
+    )
     assert (
         "decide: minimax vs sampling_control: -0.250 [" in out and f"decide: the card is {root / 'decision.md'}" in out
     )

@@ -307,22 +307,31 @@ def cells_list(setup: Setup) -> list[dict[str, Any]]:
 
 
 def run_all(setup: Setup, args: DecideArguments, run: CellRunner) -> None:
-    """Every cell, natural first within each seed; the cost printed before and, timed on the first natural cell
-    trained, after it."""
+    """Every cell, natural first within each seed; the cost printed before, and after the first natural cell trained
+    (:func:`cost_line`)."""
     trainings = sum(TRAININGS.get(arm, 1) for arm in setup.arms) * len(args.seeds)
-    steps = mixture.option_values(setup.options)["--max_steps"][-1]
+    steps = int(mixture.option_values(setup.options)["--max_steps"][-1])
     print(f"decide: {len(setup.arms) * len(args.seeds)} cells, {trainings} trainings of {steps} steps", flush=True)
     for seed in args.seeds:
         for arm in setup.arms:
             started = time.monotonic()
             _, trained = run_one(setup, arm, seed, run, args.allow_small_held_out)
             if trained and arm == "natural" and seed == args.seeds[0]:
-                per_step = (time.monotonic() - started) / int(steps)
-                left = (trainings - 1) * int(steps) * per_step
                 print(
-                    f"decide: {per_step:.2f} s per step (natural:{seed}): about {left / 60:.0f} min for the rest",
-                    flush=True,
+                    cost_line(cell_dir(setup.root, arm, seed), time.monotonic() - started, steps, trainings), flush=True
                 )
+
+
+def cost_line(cell: Path, seconds: float, steps: int, trainings: int) -> str:
+    """The cost of the other trainings, measured on the first natural cell: its wall time (data, model, training,
+    evaluations) and, from the trainer's ``train_results.json`` when written, its seconds per training step."""
+    results = cell / "train_results.json"
+    runtime = json.loads(results.read_text()).get("train_runtime") if results.is_file() else None
+    per_step = f" ({runtime / steps:.3f} s per training step)" if runtime else ""
+    return (
+        f"decide: {cell.parent.name}:{cell.name.removeprefix('seed-')} took {seconds:.0f} s{per_step}: about "
+        f"{(trainings - 1) * seconds / 60:.1f} min for the other {trainings - 1} trainings"
+    )
 
 
 def aggregate(setup: Setup, seeds: list[int]) -> dict[str, dict[int, dict[str, Any]]]:
