@@ -80,6 +80,7 @@ def test_a_bad_arm_file_is_refused_before_anything_is_written(tmp_path, capsys, 
         (["--max_steps", "-1"], "--max_steps -1: decide needs a fixed number of steps"),
         (["--eval_steps", "5"], "--eval_steps: robust-pretrain-decide sets these per cell"),
         (["--max_epochs_per_task", "2"], "--max_epochs_per_task: robust-pretrain-decide sets these per cell"),
+        (["--reference_mismatch_ok", "tokenizer"], "--reference_mismatch_ok: robust-pretrain-decide sets these"),
     ],
 )
 def test_bad_options_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch, argv, message):
@@ -144,6 +145,7 @@ def test_the_folder_is_recognised_by_its_contents_and_options_in_any_order(tmp_p
     [
         (["--learning_rate", "-1"], "--learning_rate must be > 0"),
         (["--bogus_option", "3"], "unknown option --bogus_option"),
+        (["--tokenizer_name", "/nonexistent/tokenizer"], "--tokenizer_name /nonexistent/tokenizer: no such checkpoint"),
         (["--domain_files", "a=/nonexistent/a.txt", "b=/nonexistent/b.txt"], "data file not found"),
     ],
 )

@@ -83,7 +83,8 @@ DEFAULT_RUN_OPTIONS = ["--config", "decoder_demo", "--max_steps", "300"]
 OWNED_OPTIONS = (
     "--seed", "--output_dir", "--weighting", "--loss_normalization", "--task_sampling", "--task_sampling_weights",
     "--importance_weighting", "--objective_weights", "--domain_weights", "--reference_losses", "--reference_run",
-    "--reference_model", "--overwrite_output_dir", "--max_epochs_per_task", "--eval_strategy", "--eval_steps",
+    "--reference_model", "--reference_mismatch_ok", "--overwrite_output_dir", "--max_epochs_per_task",
+    "--eval_strategy", "--eval_steps",
 )  # fmt: skip
 #: decide's options that are not part of the protocol (where the folder is, what to run now, the override)
 NOT_PROTOCOL = ("output_dir", "arms", "arm", "allow_small_held_out", "plan", "cell", "report")
@@ -222,7 +223,9 @@ def recipe_domains(options: list[str]) -> dict[str, Any]:
     datasets.disable_progress_bars()  # a refusal is one line
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            _, data_args, _ = causal_lm.parse_arguments([*options, "--output_dir", scratch])
+            argv = [*options, "--output_dir", scratch]
+            model_args, data_args, training_args = causal_lm.parse_arguments(argv)
+            causal_lm.refuse_before_reading(argv, model_args, data_args, training_args)
             texts = causal_lm.load_domain_texts(data_args)
             causal_lm.require_every_domain(texts)
     finally:
