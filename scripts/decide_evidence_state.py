@@ -13,7 +13,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-KEPT = ("task_report.json", "stage.json")
+KEPT = ("task_report.json", "stage.json", "decide_cell.json")
 
 
 def finished(cell: Path) -> bool:

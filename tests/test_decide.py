@@ -14,7 +14,8 @@ import pytest
 from test_recipe_causal_lm import recipe_argv
 
 from robust_pretrain.cli import UsageError
-from robust_pretrain.pretraining import decide
+from robust_pretrain.pretraining.decide import arms as decide_arms
+from robust_pretrain.pretraining.decide import recipe as decide
 from robust_pretrain.reporting.decision import (
     HELPS,
     HELPS_BELOW_MARGIN,
@@ -113,19 +114,44 @@ def test_the_mean_endpoint_averages_the_domains():
     assert summary["arms"]["minimax"]["verdict"] == HELPS_BELOW_MARGIN
 
 
+SEQUENCES = {"answers": 600, "email": 370, "code": 30}
+
+
 def fake_report(options: list[str]) -> dict[str, Any]:
-    """A task report whose worst ('code') loss depends on the arm and seed: minimax gains 0.2-0.3 nats."""
+    """A task report whose worst ('code') loss depends on the arm and seed: minimax gains 0.2-0.3 nats at the end,
+    nothing at the earlier readings (every --eval_steps steps)."""
     seed = int(options[options.index("--seed") + 1])
     weighting = options[options.index("--weighting") + 1] if "--weighting" in options else "mixture"
-    worst = 5.0 + 0.1 * seed - (0.2 + 0.05 * (seed % 3) if weighting == "minimax" else 0.0)
+    gain = 0.2 + 0.05 * (seed % 3) if weighting == "minimax" else 0.0
+    worst = 5.0 + 0.1 * seed - gain
     shares = {"answers": 0.6, "email": 0.37, "code": 0.03}
+    max_steps = int(options[options.index("--max_steps") + 1])
+    every = int(options[options.index("--eval_steps") + 1]) if "--eval_steps" in options else max_steps
+    readings = [
+        {
+            "step": step,
+            "eval_task_loss": {"answers": 3.0, "email": 3.1, "code": worst + (gain if step < max_steps else 0)},
+        }
+        for step in range(every, max_steps + 1, every)
+    ]
     return {
         "tasks": DOMAINS,
         "eval_task_loss": {"answers": 3.0, "email": 3.1, "code": worst},
         "mixture_weights": shares,
         "time_averaged_weights": {"answers": 0.2, "email": 0.2, "code": 0.6} if weighting == "minimax" else {},
         "provenance": {"tokenizer_sha256": "t", "data_sha256": {d: d for d in DOMAINS}, "model_size": "tiny"},
+        "training_sequences": SEQUENCES,
+        "global_batch_sequences": 8,
+        "settings": {"max_steps": max_steps},
+        "held_out_texts": dict.fromkeys(DOMAINS, 20),
+        "held_out_tokens": dict.fromkeys(DOMAINS, 5000),
+        "eval_readings": readings,
     }
+
+
+def fake_domains(options: list[str]) -> dict[str, Any]:
+    """The domains of the fake data, without reading any: 20 held-out texts each."""
+    return {"domains": DOMAINS, "held_out_texts": dict.fromkeys(DOMAINS, 20)}
 
 
 class FakeCells:
@@ -144,11 +170,15 @@ def arguments(root: Path, **values: Any) -> decide.DecideArguments:
     return decide.DecideArguments(output_dir=str(root), **{"seeds": [1, 2, 3], **values})
 
 
+def run_decide(args: decide.DecideArguments, passed: list[str], cells: FakeCells) -> dict[str, Any]:
+    return decide.decide(args, passed, cells, read_domains=fake_domains)
+
+
 def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
     root = tmp_path / "d"
     cells = FakeCells(root)
     args = arguments(root, arms=["natural", "sampling_control", "stratified", "minimax", "group_dro", "doremi"])
-    summary = decide.decide(args, ["--max_steps", "5"], cells)
+    summary = run_decide(args, ["--max_steps", "5"], cells)
     order = [cell for _, cell, _ in cells.calls]
     assert order[:6] == [
         "cells/natural/seed-1", "cells/sampling_control/seed-1", "cells/stratified/seed-1", "cells/minimax/seed-1",
@@ -158,7 +188,10 @@ def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
     by_cell = {cell: (recipe, options) for recipe, cell, options in cells.calls}
     natural_options = by_cell["cells/natural/seed-2"][1]
     assert natural_options[-4:] == ["--seed", "2", "--weighting", "proportional"]
-    assert natural_options[:5] == [*decide.DEFAULT_RUN_OPTIONS, "--max_steps"]  # the user's options after the defaults
+    # the options in one order, the user's --max_steps replacing the default's; readings every ceil(5 / 4) steps
+    assert natural_options[:-4] == [
+        "--config", "decoder_demo", "--eval_steps", "2", "--eval_strategy", "steps", "--max_steps", "5",
+    ]  # fmt: skip
     for cell, (recipe, options) in by_cell.items():
         if "natural" not in cell.split("/")[1:2]:
             seed = cell.rsplit("-", 1)[1]
@@ -191,19 +224,19 @@ def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
 
 def test_a_rerun_with_another_protocol_is_refused_naming_what_changed(tmp_path):
     root = tmp_path / "d"
-    decide.decide(arguments(root, arms=["minimax"]), [], FakeCells(root))
+    run_decide(arguments(root, arms=["minimax"]), [], FakeCells(root))
     written = (root / decide.PROTOCOL_NAME).read_text()
-    decide.decide(arguments(root, arms=["minimax"]), [], FakeCells(root))  # the same protocol: accepted
+    run_decide(arguments(root, arms=["minimax"]), [], FakeCells(root))  # the same protocol: accepted
     with pytest.raises(UsageError, match=r"fixed another protocol before the first run \(changed: margin, rule\)"):
-        decide.decide(arguments(root, arms=["minimax"], margin=0.2), [], FakeCells(root))
+        run_decide(arguments(root, arms=["minimax"], margin=0.2), [], FakeCells(root))
     with pytest.raises(UsageError, match=r"changed: run_options"):
-        decide.decide(arguments(root, arms=["minimax"]), ["--max_steps", "9"], FakeCells(root))
+        run_decide(arguments(root, arms=["minimax"]), ["--max_steps", "9"], FakeCells(root))
     assert (root / decide.PROTOCOL_NAME).read_text() == written
 
 
 def test_no_helping_arm_leaves_no_winner_file(tmp_path):
     root = tmp_path / "d"
-    decide.decide(arguments(root, arms=["stratified"]), [], FakeCells(root))
+    run_decide(arguments(root, arms=["stratified"]), [], FakeCells(root))
     assert not (root / "winner_weights.json").exists()
     assert "No arm helps by the rule: keep the baseline." in (root / "decision.md").read_text()
 
@@ -215,10 +248,10 @@ def test_no_helping_arm_leaves_no_winner_file(tmp_path):
         (["--weighting", "minimax"], "--weighting: robust-pretrain-decide sets these per cell"),
         (["--seeds", "3"], "--seeds [3]: give at least 2 distinct seeds"),
         (["--seeds", "3", "3"], "give at least 2 distinct seeds"),
-        (["--baseline", "minimax", "--arms", "stratified"], "--baseline minimax is not among the arms"),
-        (["--arms", "natural"], "--arms: give at least one arm besides natural"),
+        (["--baseline", "mine", "--arms", "stratified"], "--baseline mine is not among the arms"),
+        (["--arms", "natural", "--baseline", "natural"], "--arms: give at least one arm besides natural"),
         (["--arm", "mine"], "--arm mine: expected NAME=weights.json"),
-        (["--arm", "minimax=w.json"], "the arm 'minimax' exists already"),
+        (["--arm", "minimax=w.json"], "the arm 'minimax' is given already"),
         (["--arm", "mine=missing.json"], "--arm mine=missing.json: missing.json is not a file"),
         (["--margin", "0"], "--margin must be > 0"),
         (["--arms", "natural", "magic"], "--arms"),
@@ -237,10 +270,26 @@ def test_the_real_recipe_end_to_end_and_a_rerun_reuses_every_cell(tmp_path):
     passed = [a for a in recipe_argv(tmp_path, "unused", "--max_steps", "3") if a not in ("--seed", "5")]
     passed = passed[: passed.index("--output_dir")] + passed[passed.index("--output_dir") + 2 :]
     root = tmp_path / "decide"
-    arms = ["sampling_control", "minimax", "doremi"]
-    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", *arms, *passed]
+    arms = ["sampling_control", "unimax", "minimax", "minimax_capped", "doremi"]
+    floors = ["--min_held_out_texts", "1", "--min_held_out_tokens", "1", "--readings", "3", "--epoch_cap", "0.5"]
+    argv = ["--output_dir", str(root), "--seeds", "1", "2", "--arms", *arms, *floors, *passed]
     summary = decide.run(argv)
     assert list(summary["arms"]) == ["natural", *arms]
+    natural = json.loads((root / "cells" / "natural" / "seed-1" / "task_report.json").read_text())
+    texts = natural["held_out_texts"]
+    assert min(texts.values()) >= 1 and min(natural["held_out_tokens"].values()) > 0
+    assert natural["global_batch_sequences"] == 4
+    assert [r["step"] for r in natural["eval_readings"]] == [1, 2, 3]  # every ceil(3 / 3) steps, the last the end
+    assert natural["eval_readings"][-1]["eval_task_loss"] == pytest.approx(natural["eval_task_loss"])
+    assert [r["step"] for r in summary["regime"]["readings"]] == [1, 2, 3]
+    capped = json.loads((root / "cells" / "minimax_capped" / "seed-1" / "task_report.json").read_text())
+    assert capped["settings"]["max_epochs_per_task"] == 0.5
+    # 3 steps x 4 sequences = 12 draws: no domain drawn more than its cap plus one global batch
+    sequences = capped["training_sequences"]
+    assert all(capped["epochs_drawn"][d] * sequences[d] <= 0.5 * sequences[d] + 4 for d in sequences)
+    assert sum(capped["epochs_drawn"][d] * sequences[d] for d in sequences) == pytest.approx(12)
+    unimax = json.loads((root / "cells" / "unimax" / "seed-1" / "arm_weights.json").read_text())["weights"]
+    assert unimax == pytest.approx(decide_arms.unimax_weights(natural["training_sequences"], 12, 0.5))
     doremi = json.loads((root / "cells" / "doremi" / "seed-1" / "main" / "task_report.json").read_text())
     assert doremi["mixture_kind"] == "file"  # the mixture's main run, drawing the learned weights
     natural = json.loads((root / "cells" / "natural" / "seed-1" / "task_report.json").read_text())

@@ -236,10 +236,22 @@ class DomainCollator:
         sequences it gets), the same on every process."""
         step, micro, weights = self.schedule.next_batch()
         generator = torch.Generator().manual_seed(batch_seed(self.seed, step, micro))
+        domains = draw_domains(weights, self.rows_per_process * self.num_processes, generator)
+        return step, micro, domains, torch.rand(len(domains), generator=generator, dtype=torch.float64)
+
+    def step_draw_counts(self, step: int, weights: torch.Tensor, accumulation_steps: int) -> torch.Tensor:
+        """Sequences of each domain that optimizer ``step`` draws (all its micro-batches and processes) with the
+        sampling ``weights`` its batches use: the draws of :meth:`global_draw`, recomputed."""
         total = self.rows_per_process * self.num_processes
-        probabilities = weights / weights.sum() if float(weights.sum()) > 0 else torch.ones_like(weights)
-        domains = torch.multinomial(probabilities, total, replacement=True, generator=generator)
-        return step, micro, domains, torch.rand(total, generator=generator, dtype=torch.float64)
+        counts = torch.zeros(len(weights), dtype=torch.float64)
+        for micro in range(accumulation_steps):
+            generator = torch.Generator().manual_seed(batch_seed(self.seed, step, micro))
+            counts += torch.bincount(draw_domains(weights, total, generator), minlength=len(weights))
+        return counts
+
+    def domain_sequences(self) -> list[int]:
+        """Training sequences of each domain that draws choose from."""
+        return [len(rows) for rows in self._rows_by_domain]
 
     def draw(self, rows: int) -> torch.Tensor:
         """Indices into ``sequences`` of this process's ``rows`` rows of the next training batch."""
@@ -272,6 +284,13 @@ def draws_per_epoch(sequences: int, args: TrainingArguments) -> int:
     return math.ceil(sequences / global_batch) * global_batch
 
 
+def draw_domains(weights: torch.Tensor, rows: int, generator: torch.Generator) -> torch.Tensor:
+    """The domain of each of ``rows`` rows, drawn with replacement in proportion to ``weights`` (uniformly if they are
+    all 0)."""
+    probabilities = weights / weights.sum() if float(weights.sum()) > 0 else torch.ones_like(weights)
+    return torch.multinomial(probabilities, rows, replacement=True, generator=generator)
+
+
 def batch_seed(seed: int, step: int, micro_batch: int) -> int:
     """The seed of the draws of optimizer step ``step``'s micro-batch ``micro_batch``: a function of the three only."""
     digest = hashlib.sha256(f"{seed}/{step}/{micro_batch}".encode()).digest()
@@ -286,6 +305,7 @@ __all__ = [
     "batch_seed",
     "domain_counts",
     "domain_texts",
+    "draw_domains",
     "draws_per_epoch",
     "ewt_genre_texts",
     "pack_domains",

@@ -10,6 +10,7 @@ with ``seeds - 1`` degrees of freedom (:func:`~robust_pretrain.reporting.statist
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
@@ -147,6 +148,65 @@ def drawn_table(summary: Mapping[str, Any]) -> list[str]:
     return ["", "Domain weights each arm drew (mean over seeds):", "", *header, *rows]
 
 
+def verdict_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One line per compared arm: its verdict and the paired difference with its interval; then the winner."""
+    lines = []
+    for arm, entry in summary["arms"].items():
+        if "verdict" in entry:
+            diff = entry["difference"]
+            span = "" if diff["low"] is None else f" [{diff['low']:+.3f}, {diff['high']:+.3f}]"
+            lines.append(f"{arm} vs {summary['baseline']}: {diff['mean']:+.3f}{span} nats: {entry['verdict']}")
+    best = winner(summary)
+    return [*lines, f"winner: {best}" if best else "no arm helps by the rule: keep the baseline"]
+
+
+def regime_table(title: str, rows: Mapping[str, Mapping[str, float]], domains: list[str], digits: int) -> list[str]:
+    header = ["| | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
+    body = [f"| {name} | " + " | ".join(f"{row[d]:.{digits}f}" for d in domains) + " |" for name, row in rows.items()]
+    return ["", title, "", *header, *body]
+
+
+def regime_markdown(regime: Mapping[str, Any], domains: list[str]) -> list[str]:
+    """The card's lines on the regime: held-out size per domain, epochs drawn per arm and domain, the verdicts over
+    training and their flips, the power caveat."""
+    lines: list[str] = ["", "## Is there room for an answer?"]
+    floor = regime["held_out_floor"]
+    if regime["held_out_texts"]:
+        sizes = {"held-out texts": regime["held_out_texts"], "held-out tokens": regime["held_out_tokens"]}
+        lines += regime_table(
+            f"Held-out size (floors: {floor['texts']} texts, {floor['tokens']} tokens):", sizes, domains, 0
+        )
+    if regime["small_held_out"]:
+        lines += ["", f"**Warning: held-out set below the floor**: {', '.join(regime['small_held_out'])}."]
+    warning = regime["epochs_warning"]
+    lines += regime_table(
+        "Epochs drawn (times a training sequence was seen, mean over seeds):", regime["epochs_drawn"], domains, 2
+    )
+    if regime["over_epochs"]:
+        lines += [
+            "",
+            f"**Warning: more than {warning} epochs** (repeats: a gain may be memorisation): "
+            f"{', '.join(regime['over_epochs'])}.",
+        ]
+    if regime["readings"]:
+        arms = list(regime["readings"][0]["arms"])
+        lines += ["", "Verdict at each held-out reading (difference vs baseline, verdict):", ""]
+        lines += ["| step | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+        for reading in regime["readings"]:
+            cells = [f"{reading['arms'][a]['difference']:+.3f} {reading['arms'][a]['verdict']}" for a in arms]
+            lines.append(f"| {reading['step']} | " + " | ".join(cells) + " |")
+        flipped = [arm for arm, flips in regime["verdict_flips"].items() if flips]
+        lines += [
+            "",
+            f"**The verdict changes over training** for {', '.join(flipped)}."
+            if flipped
+            else "The verdict holds at every reading.",
+        ]
+    if regime["power_caveat"]:
+        lines += ["", f"**Power caveat**: {regime['power_caveat']}."]
+    return [*lines, ""]
+
+
 def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], smallest: list[str]) -> str:
     """The card of a decision: the rule, one row per arm (per-domain mean loss, mean, worst, the paired difference
     and its verdict), the smallest domains named, the domain weights each arm drew, and what the seeds can detect
@@ -181,11 +241,20 @@ def decision_markdown(summary: Mapping[str, Any], protocol: Mapping[str, Any], s
     best = winner(summary)
     lines += ["", f"Winner: `{best}`." if best else "No arm helps by the rule: keep the baseline.", ""]
     lines += [design_line(summary, protocol), ""]
+    if "regime" in summary:
+        lines += regime_markdown(summary["regime"], domains)
     return "\n".join(lines)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` through a temporary file renamed over ``path``."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def write_decision(root: Path, summary: Mapping[str, Any], protocol: Mapping[str, Any], smallest: list[str]) -> None:
     """``decision.json``, ``decision.md`` (the card) and ``decision.png`` in ``root``."""
-    (root / "decision.json").write_text(json.dumps({"protocol": protocol, **summary}, indent=2) + "\n")
-    (root / "decision.md").write_text(decision_markdown(summary, protocol, smallest))
+    write_atomically(root / "decision.json", json.dumps({"protocol": protocol, **summary}, indent=2) + "\n")
+    write_atomically(root / "decision.md", decision_markdown(summary, protocol, smallest))
     plot_decision(summary, root / "decision.png")

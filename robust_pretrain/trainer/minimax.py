@@ -27,7 +27,13 @@ from .next_token_loss import ChunkedNextTokenLoss, check_sharding
 from .objective import TaskObjective, first_rows
 from .process_group import register_process_group_teardown
 from .task_logs import TaskLogs
-from .task_sampling import ImportanceWeighting, TaskSamplingCallback, TaskSamplingSchedule, TaskSamplingWeighting
+from .task_sampling import (
+    EpochCap,
+    ImportanceWeighting,
+    TaskSamplingCallback,
+    TaskSamplingSchedule,
+    TaskSamplingWeighting,
+)
 from .training_args import MinimaxTrainingArguments
 from .training_data import check_training_data
 
@@ -177,10 +183,23 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
         """The objective under ``task_sampling``: the strategy's own (none, fixed), the plain mean with the strategy
         drawing (online), or the importance-weighted strategy (fixed with ``importance_weighting``)."""
         if self.args.task_sampling == "online":
-            return TaskSamplingWeighting(strategy, self.task_schedule)
+            return TaskSamplingWeighting(strategy, self.task_schedule, self._epoch_cap())
         if self.args.importance_weighting:
             return ImportanceWeighting(strategy, self.args.task_sampling_weights)
         return strategy
+
+    def _epoch_cap(self) -> EpochCap | None:
+        """``max_epochs_per_task``'s cap, counting the draws of the data collator (it must recount them)."""
+        if self.args.max_epochs_per_task is None:
+            return None
+        if not hasattr(self.data_collator, "step_draw_counts"):
+            raise ValueError(
+                f"max_epochs_per_task: the data collator ({type(self.data_collator).__name__}) cannot count its draws; "
+                "use DomainCollator on map-style sequences"
+            )
+        accumulation = self.args.gradient_accumulation_steps
+        count = lambda step, weights: self.data_collator.step_draw_counts(step, weights, accumulation)  # noqa: E731
+        return EpochCap(self.args.max_epochs_per_task, self.data_collator.domain_sequences(), count)
 
     def _warn_about_silent_fallbacks(self) -> None:
         """Say so when Accelerate quietly runs something other than what was asked: on CPU, an FSDP config runs DDP and

@@ -62,13 +62,17 @@ are refused as the objective or the sampler.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
 from robust_pretrain.weighting import ProportionalWeighting, Weighting
+
+logger = logging.getLogger(__name__)
 
 #: optimizer steps between the step whose weights a batch uses and the step the batch trains
 SAMPLING_LAG = 2
@@ -215,6 +219,64 @@ def check_importance_sampling(
     return q
 
 
+class EpochCap:
+    """UniMax's epoch cap for online sampling: once the sequences drawn of a task reach ``max_epochs`` times its
+    training sequences, its sampling weight is 0 and the others are renormalised.
+
+    The draws are counted exactly: ``count_draws(step, weights)`` recomputes the sequences of each task that optimizer
+    ``step`` draws with the sampling weights its batches use (those of ``step - SAMPLING_LAG``). After step ``s`` the
+    draws of steps ``<= s + 1`` are known (step ``s + 1`` uses the weights of ``s - 1``), so the weights of step ``s``
+    (drawing step ``s + 2``) close every task whose count through ``s + 1`` reached its cap; the step that crosses a
+    cap may overshoot it by part of one global batch. Once every task reached its cap the weights are left uncapped
+    (warned once). The counts are part of the checkpoint state: a resumed run caps as an uninterrupted one.
+    """
+
+    def __init__(
+        self, max_epochs: float, sequences: list[int], count_draws: Callable[[int, torch.Tensor], torch.Tensor]
+    ) -> None:
+        if not max_epochs > 0 or not sequences or min(sequences) < 1:
+            raise ValueError(f"max_epochs > 0 and >= 1 sequence per task, got {max_epochs}, {sequences}")
+        self.max_epochs, self.count_draws = max_epochs, count_draws
+        self.limit = max_epochs * torch.tensor(sequences, dtype=torch.float64)
+        self.drawn = torch.zeros(len(sequences), dtype=torch.float64)
+        self.ahead = torch.zeros_like(self.drawn)  # the draws of the step after the last one trained
+        self.counted_step, self.warned = 0, False
+
+    def apply(self, step: int, weights: torch.Tensor, schedule: TaskSamplingSchedule) -> torch.Tensor:
+        """Step ``step``'s sampling ``weights``, the tasks that reached their cap (through step ``step + 1``) at 0."""
+        for later in range(self.counted_step + 1, step + 2):
+            used = schedule.weights_at(max(0, later - SAMPLING_LAG))
+            if used is None:
+                raise RuntimeError(f"the sampling weights that step {later} draws with are unknown")
+            self.ahead = self.count_draws(later, used)
+            self.drawn += self.ahead
+        self.counted_step = max(self.counted_step, step + 1)
+        open_tasks = self.drawn < self.limit
+        if not bool(open_tasks.any()):
+            if not self.warned:
+                logger.warning(
+                    "every task was drawn %g epochs (max_epochs_per_task): the cap no longer holds", self.max_epochs
+                )
+                self.warned = True
+            return weights
+        capped = torch.where(open_tasks, weights.to(torch.float64), 0.0)
+        capped = capped if float(capped.sum()) > 0 else open_tasks.to(torch.float64)
+        return capped / capped.sum()
+
+    def epochs(self) -> list[float]:
+        """Epochs drawn of each task by the steps trained so far: its draws over its training sequences."""
+        return ((self.drawn - self.ahead) * self.max_epochs / self.limit).tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        drawn, ahead = self.drawn.tolist(), self.ahead.tolist()
+        return {"drawn": drawn, "ahead": ahead, "counted_step": self.counted_step, "warned": self.warned}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drawn = torch.tensor(state["drawn"], dtype=torch.float64)
+        self.ahead = torch.tensor(state["ahead"], dtype=torch.float64)
+        self.counted_step, self.warned = int(state["counted_step"]), bool(state["warned"])
+
+
 class TaskSamplingWeighting(ProportionalWeighting):
     """Objective: the plain mean over the step's targets (``proportional`` weights). Sampling: ``sampler``'s weights.
 
@@ -222,15 +284,15 @@ class TaskSamplingWeighting(ProportionalWeighting):
     the step did not draw), so a task absent from one step keeps a sampling weight and can be drawn again; its
     weights of step ``s`` are published to ``schedule`` as step ``s``'s sampling weights. Learnable strategies
     (``uncertainty``, ``gradnorm``) are refused: their weights learn through the weighted objective, which sampling
-    replaces by the plain mean.
+    replaces by the plain mean. With ``cap`` (:class:`EpochCap`) the published weights are the capped ones.
     """
 
-    def __init__(self, sampler: Weighting, schedule: TaskSamplingSchedule) -> None:
+    def __init__(self, sampler: Weighting, schedule: TaskSamplingSchedule, cap: EpochCap | None = None) -> None:
         refuse_learned_sampler(sampler)
         if sampler.num_tasks != schedule.num_tasks:
             raise ValueError(f"sampler has {sampler.num_tasks} tasks, the schedule {schedule.num_tasks}")
         super().__init__(sampler.num_tasks)
-        self.sampler, self.schedule = sampler, schedule
+        self.sampler, self.schedule, self.cap = sampler, schedule, cap
 
     def weights(
         self,
@@ -244,6 +306,8 @@ class TaskSamplingWeighting(ProportionalWeighting):
         every_task = torch.ones(self.num_tasks, dtype=torch.bool)
         sampling = self.sampler.weights(task_losses, every_task, measured.cpu(), task_counts=task_counts)
         objective = super().weights(task_losses, present, observed, task_counts=task_counts)
+        if self.cap is not None:
+            sampling = self.cap.apply(self.step, sampling, self.schedule)
         self.schedule.publish(self.step, sampling)  # self.step: the optimizer step just computed (1-based)
         return objective
 
@@ -256,12 +320,21 @@ class TaskSamplingWeighting(ProportionalWeighting):
         return {"sampler": type(self.sampler).__name__, "sampler_options": self.sampler.options()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "sampler": self.sampler.state_dict(), "schedule": self.schedule.state_dict()}
+        cap = {} if self.cap is None else {"epoch_cap": self.cap.state_dict()}
+        return {
+            **super().state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "schedule": self.schedule.state_dict(),
+        } | cap
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         self.schedule.load_state_dict(state["schedule"])
+        if self.cap is not None:
+            if "epoch_cap" not in state:
+                raise ValueError("the checkpoint was written without max_epochs_per_task: its draws were not counted")
+            self.cap.load_state_dict(state["epoch_cap"])
 
 
 class ImportanceWeighting(ProportionalWeighting):
@@ -362,6 +435,7 @@ def draw_tasks(present: torch.Tensor, weights: torch.Tensor, generator: torch.Ge
 __all__ = [
     "MIN_IMPORTANCE_SHARE",
     "SAMPLING_LAG",
+    "EpochCap",
     "FixedWeighting",
     "ImportanceWeighting",
     "TaskSamplingCallback",

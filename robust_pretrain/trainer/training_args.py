@@ -181,6 +181,13 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         "batch's task means.",
     )
 
+    max_epochs_per_task: float | None = option(
+        None,
+        "task_sampling='online': an epoch cap per task (UniMax's, for online sampling): once the draws of a task reach "
+        "this many times its training sequences, its sampling weight is 0 and the others are renormalised (counted "
+        "exactly from the draws; the step that crosses the cap may overshoot by part of one global batch).",
+        above=0,
+    )
     reference_run: str | None = option(
         None,
         "loss_normalization='excess': take the reference losses from this finished run's task_report.json (its "
@@ -287,6 +294,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"task_sampling_weights: not all 0, got {weights}")
         if self.importance_weighting and self.task_sampling != "fixed":
             raise ValueError("importance_weighting: corrects the draws of task_sampling='fixed', and only those")
+        if self.max_epochs_per_task is not None and self.task_sampling != "online":
+            raise ValueError("max_epochs_per_task: caps the draws of task_sampling='online', and only those")
         if self.task_sampling == "online" and self.reference_model is not None:
             raise ValueError("task_sampling='online' minimises the plain mean: it cannot use reference_model")
         if self.weight_update == "simultaneous" and strategy.needs_grad_norms:

@@ -32,7 +32,7 @@ from transformers.trainer_callback import ExportableState
 
 from robust_pretrain.cli import check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
-from robust_pretrain.data.domains import domain_counts
+from robust_pretrain.data.domains import DOMAIN_COLUMN, domain_counts
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.causal_lm.arguments import (
     FROM_SCRATCH,
@@ -48,6 +48,7 @@ from robust_pretrain.pretraining.causal_lm.data import (
     load_domain_texts,
     pack_sequences,
     require_every_domain,
+    text_tokens,
 )
 from robust_pretrain.pretraining.causal_lm.model import (
     check_causal_checkpoint,
@@ -186,8 +187,19 @@ def run(argv: list[str]) -> dict:
     eval_metrics = train_and_evaluate(trainer, resume_checkpoint)
 
     mixture = mixture_weights(training_args, texts, sequences, fixed_weights, averages)
+    held_out = held_out_size(texts, text_tokens(eval_sequences, tokenizer, len(texts.names)))
     report = write_report(
-        trainer, eval_metrics, provenance, texts, sequences, mixture, averages, tokenizer, model_args, data_args
+        trainer,
+        eval_metrics,
+        provenance,
+        texts,
+        sequences,
+        mixture,
+        averages,
+        tokenizer,
+        model_args,
+        data_args,
+        held_out,
     )
     push(trainer)
     return {**eval_metrics, "report": report}
@@ -268,6 +280,25 @@ def mixture_weights(
     return [count / sum(sequences) for count in sequences], "natural"
 
 
+def held_out_size(texts: DomainTexts, tokens: list[int]) -> dict[str, dict[str, int]]:
+    """Per domain, the held-out texts (documents) and the tokens scored of them."""
+    counts = torch.bincount(torch.as_tensor(texts.validation[DOMAIN_COLUMN]), minlength=len(texts.names)).tolist()
+    return {
+        "held_out_texts": dict(zip(texts.names, counts, strict=True)),
+        "held_out_tokens": dict(zip(texts.names, tokens, strict=True)),
+    }
+
+
+def eval_readings(log_history: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+    """The held-out per-domain losses of each evaluation during and after training, by step."""
+    readings = {
+        entry["step"]: {name: entry[f"eval_task_loss/{name}"] for name in names}
+        for entry in log_history
+        if all(f"eval_task_loss/{name}" in entry for name in names)
+    }
+    return [{"step": step, "eval_task_loss": losses} for step, losses in sorted(readings.items())]
+
+
 def write_report(
     trainer: MinimaxTrainer,
     eval_metrics: dict,
@@ -279,9 +310,10 @@ def write_report(
     tokenizer: Any,
     model_args: CausalModelArguments,
     data_args: DomainDataArguments,
+    held_out: dict[str, dict[str, int]],
 ) -> dict:
-    """Write the task report (per-domain held-out loss and perplexity, mixture weights, provenance) and the model card;
-    the report."""
+    """Write the task report (per-domain held-out loss and perplexity, its size and its readings over training, the
+    mixture weights, the global batch, provenance) and the model card; the report."""
     training_args, (weights, kind), names = trainer.args, mixture, texts.names
     recipe_settings = {
         "domain_sampling": "file"
@@ -289,6 +321,8 @@ def write_report(
         else SAMPLING_NAMES[training_args.task_sampling],
         "max_seq_length": data_args.max_seq_length,
     }
+    if training_args.max_epochs_per_task is not None:
+        recipe_settings["max_epochs_per_task"] = training_args.max_epochs_per_task
     stated = report_settings(training_args, trainer.state.max_steps, recipe_settings)
     report = task_report(names, trainer.state.log_history, eval_metrics, stated, trainer.step_weights.tolist())
     report.update(
@@ -303,7 +337,15 @@ def write_report(
         mixture_kind=kind,
         time_averaged_weights=dict(zip(names, averages.average() or [], strict=False)),
         provenance=provenance.to_dict(),
+        global_batch_sequences=training_args.per_device_train_batch_size
+        * training_args.world_size
+        * training_args.gradient_accumulation_steps,
+        eval_readings=eval_readings(trainer.state.log_history, names),
+        **held_out,
     )
+    cap = getattr(trainer.weighting, "cap", None)
+    if cap is not None:
+        report["epochs_drawn"] = dict(zip(names, cap.epochs(), strict=True))
     perplexities = list(report["eval_task_perplexity"].values())
     report["eval_mean_task_perplexity"] = sum(perplexities) / len(perplexities) if perplexities else None
     base = trainer.accelerator.unwrap_model(trainer.model)
