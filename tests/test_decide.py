@@ -16,6 +16,7 @@ from test_recipe_causal_lm import recipe_argv
 from robust_pretrain.cli import UsageError
 from robust_pretrain.pretraining.decide import arms as decide_arms
 from robust_pretrain.pretraining.decide import recipe as decide
+from robust_pretrain.pretraining.decide.cells import PROTOCOL_NAME
 from robust_pretrain.reporting.decision import (
     HELPS,
     HELPS_BELOW_MARGIN,
@@ -161,7 +162,7 @@ class FakeCells:
         self.root, self.calls = root, []
 
     def __call__(self, recipe: str, cell: Path, options: list[str]) -> dict[str, Any]:
-        assert (self.root / decide.PROTOCOL_NAME).is_file()  # fixed before the first training step
+        assert (self.root / PROTOCOL_NAME).is_file()  # fixed before the first training step
         self.calls.append((recipe, cell.relative_to(self.root).as_posix(), options))
         return fake_report(options)
 
@@ -225,13 +226,13 @@ def test_cells_run_natural_first_with_its_tokenizer_and_weights(tmp_path):
 def test_a_rerun_with_another_protocol_is_refused_naming_what_changed(tmp_path):
     root = tmp_path / "d"
     run_decide(arguments(root, arms=["minimax"]), [], FakeCells(root))
-    written = (root / decide.PROTOCOL_NAME).read_text()
+    written = (root / PROTOCOL_NAME).read_text()
     run_decide(arguments(root, arms=["minimax"]), [], FakeCells(root))  # the same protocol: accepted
     with pytest.raises(UsageError, match=r"fixed another protocol before the first run \(changed: margin, rule\)"):
         run_decide(arguments(root, arms=["minimax"], margin=0.2), [], FakeCells(root))
     with pytest.raises(UsageError, match=r"changed: run_options"):
         run_decide(arguments(root, arms=["minimax"]), ["--max_steps", "9"], FakeCells(root))
-    assert (root / decide.PROTOCOL_NAME).read_text() == written
+    assert (root / PROTOCOL_NAME).read_text() == written
 
 
 def test_no_helping_arm_leaves_no_winner_file(tmp_path):

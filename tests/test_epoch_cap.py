@@ -1,6 +1,6 @@
 """The epoch cap of online sampling (``--max_epochs_per_task``,
-:class:`~robust_pretrain.trainer.task_sampling.EpochCap`): the draws counted exactly as the collator makes them, a capped domain drawn no more, a resumed run capped as an
-uninterrupted one."""
+:class:`~robust_pretrain.trainer.task_sampling.EpochCap`): the draws counted exactly as the collator makes them, a
+capped domain drawn no more, a resumed run capped as an uninterrupted one."""
 
 from __future__ import annotations
 

@@ -64,7 +64,6 @@ from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
 from robust_pretrain.pretraining.decide.arms import BUILT_IN_ARMS, cell_plan, custom_arms, read_arm_file
 from robust_pretrain.pretraining.decide.cells import (
     CELLS_NAME,
-    PROTOCOL_NAME,
     cell_dir,
     cell_lock,
     finished,
@@ -438,4 +437,4 @@ def run(argv: list[str]) -> dict[str, Any]:
     return decide(DecideArguments(**values), passed, run_cell)
 
 
-__all__ = ["PROTOCOL_NAME", "DecideArguments", "decide", "main", "run"]
+__all__ = ["DecideArguments", "decide", "main", "run"]
