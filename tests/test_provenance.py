@@ -16,9 +16,9 @@ from tiny_causal_lm import tiny_llama
 
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data import load_ewt_corpus
+from robust_pretrain.data.bpe import train_bpe_tokenizer
 from robust_pretrain.data.domains import ewt_genre_texts
 from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
-from robust_pretrain.pretraining.causal_lm.model import train_bpe_tokenizer
 from robust_pretrain.pretraining.multimae import recipe as multimae
 from robust_pretrain.pretraining.pos_mlm import recipe as pos_mlm
 from robust_pretrain.pretraining.pos_mlm.model import train_wordpiece_tokenizer

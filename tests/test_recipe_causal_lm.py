@@ -14,6 +14,7 @@ import torch
 from scipy.stats import chi2
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
+from robust_pretrain.data.bpe import train_bpe_tokenizer
 from robust_pretrain.data.domains import (
     EWT_GENRES,
     DomainCollator,
@@ -23,7 +24,6 @@ from robust_pretrain.data.domains import (
     pack_domains,
 )
 from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
-from robust_pretrain.pretraining.causal_lm.model import train_bpe_tokenizer
 from robust_pretrain.reference import PROVENANCE_ENTRIES
 from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
 
@@ -88,6 +88,19 @@ def test_packing_never_crosses_a_domain_boundary():
         by_domain[task].extend(ids)
     assert by_domain[0] == [10, 11, 12, 1, 13, 14, 1, 15, 1]
     assert by_domain[1] == [20, 21, 1, 22, 23, 24, 25, 1]
+
+
+def test_packing_from_a_mapping_numbers_the_domains_in_its_order():
+    """``pack_domain_texts({name: texts})``: domain ids follow the mapping's order (the collator's ``task_names``)."""
+    from robust_pretrain.data import pack_domain_texts
+
+    packed = pack_domain_texts(
+        {"mail": ["20 21", "22 23 24 25"], "web": ["10 11 12", "13 14", "15"]}, FakeTokenizer(), 4
+    )
+    by_domain = {0: [], 1: []}
+    for ids, task in zip(packed["input_ids"], packed["task_ids"], strict=True):
+        by_domain[task].extend(ids)
+    assert by_domain == {0: [20, 21, 1, 22, 23, 24, 25, 1], 1: [10, 11, 12, 1, 13, 14, 1, 15, 1]}
 
 
 def _sequences(counts: list[int]):

@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 from test_recipe_causal_lm import FakeTokenizer
 from transformers import AutoTokenizer
 
+from robust_pretrain.data.bpe import train_bpe_tokenizer
 from robust_pretrain.data.domains import EWT_GENRES, ewt_genre_texts
 from robust_pretrain.data.streaming import DomainStreams, StreamDomainCollator, StreamPositionsCallback
-from robust_pretrain.pretraining.causal_lm.model import train_bpe_tokenizer
 from robust_pretrain.pretraining.common import last_complete_checkpoint
 from robust_pretrain.trainer.task_sampling import TaskSamplingSchedule
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,6 +90,21 @@ class _PackCausal:
         ids = [token for text_ids in encoded["input_ids"] for token in (*text_ids, self.tokenizer.eos_token_id)]
         blocks = [ids[start : start + self.max_length] for start in range(0, len(ids), self.max_length)]
         return {"input_ids": blocks, "task_ids": [self.domain] * len(blocks)}
+
+
+def pack_domain_texts(
+    texts: Mapping[str, Sequence[str]], tokenizer: Any, max_seq_length: int, *, num_proc: int | None = None
+) -> Dataset:
+    """:func:`pack_domains` of ``{domain: texts}``: the domains' ids follow the mapping's order (give
+    ``list(texts)`` as the collator's ``task_names``)."""
+    names = list(texts)
+    raw = Dataset.from_dict(
+        {
+            "text": [t for name in names for t in texts[name]],
+            DOMAIN_COLUMN: [i for i, n in enumerate(names) for _ in texts[n]],
+        }
+    )
+    return pack_domains(raw, tokenizer, len(names), max_seq_length, num_proc=num_proc)
 
 
 def pack_domains(
@@ -308,6 +323,7 @@ __all__ = [
     "draw_domains",
     "draws_per_epoch",
     "ewt_genre_texts",
+    "pack_domain_texts",
     "pack_domains",
     "pack_text_stream",
     "stream_domains",

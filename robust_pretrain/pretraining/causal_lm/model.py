@@ -11,29 +11,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.data.bpe import train_bpe_tokenizer
 from robust_pretrain.pretraining.causal_lm.arguments import DECODER_SIZES, CausalModelArguments
 from robust_pretrain.pretraining.common import named_tokenizer, train_tokenizer_once
 from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
-
-SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
-
-
-def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer (GPT-2 style: any text encodes, none is unknown) trained on ``texts``, with
-    ``<s>``, ``</s>`` (end of text), ``<pad>`` and ``<unk>``; deterministic for the same texts."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS.values()),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer, length=len(texts))
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=8192, **SPECIAL_TOKENS)
 
 
 def load_tokenizer(
