@@ -23,8 +23,12 @@ def test_both_reductions_agree_on_many_targets():
     losses = torch.rand(10_000, generator=generator) * 10
     ids = torch.randint(0, 7, (10_000,), generator=generator)
     fast, deterministic = reduce_by_task(losses, ids, 7), reduce_by_task(losses, ids, 7, deterministic=True)
-    torch.testing.assert_close(deterministic[0], fast[0], rtol=1e-6, atol=1e-4)
-    assert torch.equal(deterministic[1], fast[1])
+    # ~1,430 float32 terms of ~5 per task: summed in another order (the one-hot product is blocked by the BLAS
+    # threads) they differ by ~sqrt(n) * eps * sum ~ 0.02 of ~7,150, so each is checked against the float64 sums
+    exact = torch.zeros(7, dtype=torch.float64).index_add_(0, ids, losses.double())
+    for sums, counts in (fast, deterministic):
+        torch.testing.assert_close(sums.double(), exact, rtol=1e-5, atol=0)
+        assert counts.tolist() == torch.bincount(ids, minlength=7).tolist()
 
 
 @pytest.fixture
