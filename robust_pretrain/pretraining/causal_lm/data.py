@@ -168,17 +168,24 @@ def stream_domain_texts(data_args: DomainDataArguments) -> DomainTexts:
     )
 
 
+def texts_per_domain(dataset: Dataset, num_domains: int) -> list[int]:
+    """The texts of each domain (by id) in ``dataset``."""
+    ids = torch.as_tensor(dataset[DOMAIN_COLUMN], dtype=torch.long)
+    return torch.bincount(ids, minlength=num_domains).tolist()
+
+
 def require_every_domain(texts: DomainTexts) -> list[int]:
     """Texts per domain in the training data; refuse a domain without any training or held-out text."""
-    for split, dataset in (("training", texts.train), ("held-out", texts.validation)):
-        counts = torch.bincount(torch.as_tensor(dataset[DOMAIN_COLUMN], dtype=torch.long), minlength=len(texts.names))
-        empty = [name for name, count in zip(texts.names, counts.tolist(), strict=True) if count == 0]
+    counts = {split: texts_per_domain(dataset, len(texts.names)) for split, dataset in
+              (("training", texts.train), ("held-out", texts.validation))}  # fmt: skip
+    for split, split_counts in counts.items():
+        empty = [name for name, count in zip(texts.names, split_counts, strict=True) if count == 0]
         if empty:
             raise UsageError(
                 f"domain {', '.join(empty)} has no {split} text"
                 + (" (a domain needs at least 2 texts: one is held out)" if split == "held-out" else "")
             )
-    return torch.bincount(torch.as_tensor(texts.train[DOMAIN_COLUMN]), minlength=len(texts.names)).tolist()
+    return counts["training"]
 
 
 def text_tokens(packed: Dataset, tokenizer: Any, num_domains: int) -> list[int]:

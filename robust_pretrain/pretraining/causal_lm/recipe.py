@@ -32,7 +32,7 @@ from transformers.trainer_callback import ExportableState
 
 from robust_pretrain.cli import check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
-from robust_pretrain.data.domains import DOMAIN_COLUMN, domain_counts
+from robust_pretrain.data.domains import domain_counts
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
 from robust_pretrain.pretraining.causal_lm.arguments import (
     FROM_SCRATCH,
@@ -49,6 +49,7 @@ from robust_pretrain.pretraining.causal_lm.data import (
     pack_sequences,
     require_every_domain,
     text_tokens,
+    texts_per_domain,
 )
 from robust_pretrain.pretraining.causal_lm.model import (
     check_causal_checkpoint,
@@ -282,7 +283,7 @@ def mixture_weights(
 
 def held_out_size(texts: DomainTexts, tokens: list[int]) -> dict[str, dict[str, int]]:
     """Per domain, the held-out texts (documents) and the tokens scored of them."""
-    counts = torch.bincount(torch.as_tensor(texts.validation[DOMAIN_COLUMN]), minlength=len(texts.names)).tolist()
+    counts = texts_per_domain(texts.validation, len(texts.names))
     return {
         "held_out_texts": dict(zip(texts.names, counts, strict=True)),
         "held_out_tokens": dict(zip(texts.names, tokens, strict=True)),

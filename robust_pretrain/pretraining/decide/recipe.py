@@ -54,13 +54,13 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import torch
 
 from robust_pretrain.cli import UsageError, refuse, run_console
 from robust_pretrain.config import OptionParser
 from robust_pretrain.options import check_options, option, option_problems
 from robust_pretrain.pretraining import mixture
 from robust_pretrain.pretraining.causal_lm import recipe as causal_lm
+from robust_pretrain.pretraining.causal_lm.data import load_domain_texts, require_every_domain, texts_per_domain
 from robust_pretrain.pretraining.decide.arms import BUILT_IN_ARMS, cell_plan, custom_arms, read_arm_file
 from robust_pretrain.pretraining.decide.cells import (
     CELLS_NAME,
@@ -226,12 +226,12 @@ def recipe_domains(options: list[str]) -> dict[str, Any]:
             argv = [*options, "--output_dir", scratch]
             model_args, data_args, training_args = causal_lm.parse_arguments(argv)
             causal_lm.refuse_before_reading(argv, model_args, data_args, training_args)
-            texts = causal_lm.load_domain_texts(data_args)
-            causal_lm.require_every_domain(texts)
+            texts = load_domain_texts(data_args)
+            require_every_domain(texts)
     finally:
         if shown:
             datasets.enable_progress_bars()
-    counts = torch.bincount(torch.as_tensor(texts.validation["domain"]), minlength=len(texts.names)).tolist()
+    counts = texts_per_domain(texts.validation, len(texts.names))
     return {"domains": texts.names, "held_out_texts": dict(zip(texts.names, counts, strict=True))}
 
 
