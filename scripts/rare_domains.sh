@@ -26,24 +26,11 @@ mkdir -p "$(dirname "$RESULTS")"
 for regime in $REGIMES; do
   steps=$("$PY" -c "import json; print(next(r['max_steps'] for r in json.load(open('$PILOT'))['regimes'] if r['regime'] == '$regime'))")
   "$PY" scripts/rare_domains_data.py --regime "$regime" --out "$OUT"
-  "$PY" scripts/decide_evidence_state.py restore "$OUT/$regime" "$STATE/$regime"
-  (while sleep 120; do "$PY" scripts/decide_evidence_state.py save "$OUT/$regime" "$STATE/$regime" > /dev/null; done) &
-  saver=$!
   # shellcheck disable=SC2086  # SEEDS and EXTRA are lists
-  run "decide-$regime" "$PY" recipes/decide_mixing.py --output_dir "$OUT/$regime" \
+  decide_regime "$regime" "$PY" recipes/decide_mixing.py --output_dir "$OUT/$regime" \
     --arms natural sampling_control stratified unimax minimax minimax_capped doremi --baseline sampling_control \
     --seeds $SEEDS --endpoint worst_domain_loss --margin 0.05 --confidence 0.95 --epoch_cap 4 --readings 4 \
     --train_file "$OUT/$regime-train.jsonl" --validation_file "$OUT/$regime-test.jsonl" --domain_column domain \
-    --max_steps "$steps" --disable_tqdm true ${EXTRA:-}
-  status=$?
-  kill "$saver" 2>/dev/null
-  "$PY" scripts/decide_evidence_state.py save "$OUT/$regime" "$STATE/$regime"
-  if [ "$status" -ne 0 ]; then
-    echo "decide $regime stopped (exit $status): see $OUT/decide-$regime.log; rerun to resume" >&2
-    exit "$status"
-  fi
-  for ext in md json png; do cp "$OUT/$regime/decision.$ext" "${RESULTS}_$regime.$ext"; done
-  cp "$OUT/commands.txt" "${RESULTS}_commands.txt"
-  cp "$OUT/timings.txt" "${RESULTS}_timings.txt"
+    --max_steps "$steps" --disable_tqdm true ${EXTRA:-} || exit $?
 done
 echo "wrote ${RESULTS}_*.{md,json,png}"
