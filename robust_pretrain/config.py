@@ -4,8 +4,10 @@ every option's value against its declaration (:mod:`robust_pretrain.options`) be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
+import typing
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,23 @@ from robust_pretrain.options import option_problems
 
 class OptionParser(HfArgumentParser, ConsoleArgumentParser):
     """``HfArgumentParser`` whose argparse errors (bad type or choice, missing option) are one line naming the option
-    and what it accepts (a :class:`~robust_pretrain.cli.UsageError`), not the whole usage."""
+    and what it accepts (a :class:`~robust_pretrain.cli.UsageError`), not the whole usage; an option that takes a
+    mapping or a list (e.g. ``task_sampling_weights``) takes one or more tokens (``name=value ...``, values, or one
+    JSON object or file), which its dataclass reads (``HfArgumentParser`` takes one string there)."""
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        if not takes_mapping(field.type):
+            HfArgumentParser._parse_dataclass_field(parser, field)
+            return
+        names = dict.fromkeys([f"--{field.name}", f"--{field.name.replace('_', '-')}"])
+        parser.add_argument(*names, nargs="+", type=str, default=field.default, help=field.metadata.get("help"))
+
+
+def takes_mapping(kind: Any) -> bool:
+    """Whether a field of (resolved) type ``kind`` takes a mapping or a list (``dict[...] | ... | list[...]``)."""
+    kinds = {typing.get_origin(each) or each for each in typing.get_args(kind)}
+    return {dict, list} <= kinds
 
 
 def option_names(parser: argparse.ArgumentParser) -> set[str]:
@@ -28,10 +46,14 @@ def option_names(parser: argparse.ArgumentParser) -> set[str]:
     return {name[2:] for action in parser._actions for name in action.option_strings if name.startswith("--")}
 
 
-def config_to_argv(config: dict[str, Any], path: Path) -> list[str]:
+def config_to_argv(config: dict[str, Any], path: Path, mappings: set[str] = frozenset()) -> list[str]:
+    """Command-line tokens of a config file's values; a mapping only for the options in ``mappings`` (as
+    ``name=value`` tokens)."""
     argv: list[str] = []
     for key, value in config.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key in mappings:
+            value = [f"{name}={item}" for name, item in value.items()]
+        elif isinstance(value, dict):
             raise UsageError(f"--config {path}: option {key!r} is a mapping; only scalars and lists are supported")
         if value is None:
             continue
@@ -77,7 +99,9 @@ def parse_with_config(parser: HfArgumentParser, argv: list[str] | None = None) -
             if key not in names
         ]
     )
-    args = config_to_argv(config, known.config) + rest
+    hints = [typing.get_type_hints(dtype) for dtype in parser.dataclass_types]
+    mappings = {name for types in hints for name, kind in types.items() if takes_mapping(kind)}
+    args = config_to_argv(config, known.config, mappings) + rest
     namespace, unknown = parser.parse_known_args(args=args)
     flags = [token.split("=")[0] for token in unknown if token.startswith("-")]
     problems = [f"unknown option {flag}{_suggestion(flag, names)}" for flag in flags]

@@ -172,8 +172,9 @@ def path_problem(value: str, kind: str) -> str | None:
 
 def value_problems(value: Any, accepted: Accepted | None, check_paths: bool = True) -> list[str]:
     """Why ``value`` (a scalar or a list) is not accepted, each reason completing "<option> ...": an empty list when it
-    is accepted. ``None`` (unset) is accepted."""
-    items = value if isinstance(value, (list, tuple)) else [value]
+    is accepted. ``None`` (unset) is accepted; a mapping's values are checked."""
+    items = list(value.values()) if isinstance(value, Mapping) else value
+    items = items if isinstance(items, list | tuple) else [items]
     problems = []
     for item in items:
         if item is None or isinstance(item, bool):

@@ -33,7 +33,7 @@ from robust_pretrain import MinimaxTrainer, MinimaxTrainingArguments
 from robust_pretrain.cli import UsageError
 from robust_pretrain.data.domains import DomainCollator
 from robust_pretrain.pretraining import mixture
-from robust_pretrain.pretraining.causal_lm.arguments import read_domain_weights, sample_from_file
+from robust_pretrain.pretraining.causal_lm.arguments import read_domain_weights
 from robust_pretrain.pretraining.causal_lm.recipe import WeightAverageCallback
 
 K, LENGTH, NATURAL = 8, 9, (0.2, 0.8)
@@ -76,16 +76,22 @@ def toy_sequences(count: int, seed: int) -> Dataset:
     return Dataset.from_dict({"input_ids": tokens.tolist(), "task_ids": domains.tolist()})
 
 
+def loaded_weights(options: list[str]) -> list[str]:
+    """The recipe's ``--domain_weights FILE`` as the trainer options it loads (the file read by plain
+    ``HfArgumentParser`` as ``task_sampling_weights``)."""
+    if "--domain_weights" not in options:
+        return options
+    at = options.index("--domain_weights")
+    return [*options[:at], *options[at + 2 :], "--task_sampling", "fixed", "--task_sampling_weights", options[at + 1]]
+
+
 def toy_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
     """The recipe's stage on the toy: the same trainer, sampling and weight averaging, read from the same options."""
     parser = HfArgumentParser(MinimaxTrainingArguments)
-    args, rest = parser.parse_args_into_dataclasses(
-        [*options, "--output_dir", str(stage_dir), "--task_names", *DOMAINS], return_remaining_strings=True
+    (args,) = parser.parse_args_into_dataclasses(
+        [*loaded_weights(options), "--output_dir", str(stage_dir), "--task_names", *DOMAINS]
     )
-    file = rest[rest.index("--domain_weights") + 1] if "--domain_weights" in rest else None
     train, held_out = toy_sequences(500, seed=0), toy_sequences(500, seed=1)
-    if file is not None:
-        sample_from_file(args, read_domain_weights(file, DOMAINS)[0])
     # drawn from fixed weights (or not drawn), the averaged weights are the objective's N_t / N: the drawn shares
     averages = WeightAverageCallback()
     model = UnigramLM()
@@ -152,8 +158,8 @@ def equally_hard_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
     unigram model, the recipe's trainer, sampling and weight average, read from the same options."""
     names = list(RARE_SHARES)
     parser = HfArgumentParser(MinimaxTrainingArguments)
-    args, rest = parser.parse_args_into_dataclasses(
-        [*options, "--output_dir", str(stage_dir), "--task_names", *names], return_remaining_strings=True
+    (args,) = parser.parse_args_into_dataclasses(
+        [*loaded_weights(options), "--output_dir", str(stage_dir), "--task_names", *names]
     )
     datasets = []
     for seed, count in ((0, 1000), (1, 200)):
@@ -162,8 +168,6 @@ def equally_hard_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
         tokens = torch.randint(0, K, (len(domains), LENGTH), generator=generator)
         datasets.append(Dataset.from_dict({"input_ids": tokens.tolist(), "task_ids": domains.tolist()}))
     train = datasets[0]
-    if "--domain_weights" in rest:
-        sample_from_file(args, read_domain_weights(rest[rest.index("--domain_weights") + 1], names)[0])
     averages = WeightAverageCallback()
     trainer = MinimaxTrainer(
         model=UnigramLM(), args=args, train_dataset=train, eval_dataset=datasets[1],

@@ -172,7 +172,7 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
                 "mode='per_example')"
             )
         schedule = TaskSamplingSchedule(
-            self.num_tasks, self.args.gradient_accumulation_steps, fixed_weights=self.args.task_sampling_weights
+            self.num_tasks, self.args.gradient_accumulation_steps, fixed_weights=self.args.sampling_weights()
         )
         if self.train_dataset is not None:
             self.train_dataset = sample_tasks(schedule, self.train_dataset, self.args)
@@ -185,7 +185,7 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
         if self.args.task_sampling == "online":
             return TaskSamplingWeighting(strategy, self.task_schedule, self._epoch_cap())
         if self.args.importance_weighting:
-            return ImportanceWeighting(strategy, self.args.task_sampling_weights)
+            return ImportanceWeighting(strategy, self.args.sampling_weights())
         return strategy
 
     def _epoch_cap(self) -> EpochCap | None:

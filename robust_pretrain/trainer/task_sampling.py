@@ -62,9 +62,12 @@ are refused as the objective or the sampler.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -196,6 +199,87 @@ def refuse_learned_sampler(strategy: Weighting, name: str | None = None) -> None
             f"{name or type(strategy).__name__} cannot drive task sampling: {reason}; use a loss-driven strategy "
             "(minimax, hardmax, group_dro, dwa, morbit, average)"
         )
+
+
+TaskWeights = dict[str, float] | list[float]
+
+
+def task_weights(value: Any) -> TaskWeights | None:
+    """``task_sampling_weights`` as given, read: ``{task: weight}`` from a mapping, ``name=weight`` tokens, a JSON
+    object (a string) or a JSON file (its object, or the ``weights`` of one written by ``robust-pretrain-mixture`` /
+    ``robust-pretrain-decide``); a list of weights in task order from numbers (or number tokens). Values are
+    checked by the option's declaration (finite, >= 0) and against the tasks by ``bind_tasks``."""
+    if value is None or isinstance(value, Mapping):
+        return None if value is None else _named(value)
+    tokens = [value] if isinstance(value, str | Path) else list(value)
+    if len(tokens) == 1 and isinstance(tokens[0], str | Path) and _is_json(str(tokens[0])):
+        return _named(_read_json(str(tokens[0])))
+    if all(isinstance(token, str) and "=" in token for token in tokens):
+        pairs = [token.split("=", 1) for token in tokens]
+        if len({name for name, _ in pairs}) != len(pairs):
+            raise ValueError(f"task_sampling_weights: a task named twice in {tokens}")
+        return _named({name: _number(weight, name, spelt=True) for name, weight in pairs})
+    if any(isinstance(token, str) and "=" in token for token in tokens):
+        raise ValueError(f"task_sampling_weights: every task as name=weight, or weights in task order, got {tokens}")
+    return [_number(token, f"#{position}", spelt=True) for position, token in enumerate(tokens)]
+
+
+def _is_json(text: str) -> bool:
+    """Whether one token names a JSON object or file rather than one weight or one ``name=weight``."""
+    if text.lstrip().startswith("{"):
+        return True
+    if "=" in text and not Path(text).is_file():
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
+
+
+def _read_json(text: str) -> Any:
+    try:
+        content = json.loads(text) if text.lstrip().startswith("{") else json.loads(Path(text).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"task_sampling_weights {text}: expected a JSON object of task -> weight ({err})") from None
+    is_weights_file = isinstance(content, dict) and isinstance(content.get("weights"), dict)
+    return content["weights"] if is_weights_file else content
+
+
+def _named(mapping: Any) -> dict[str, float]:
+    if not isinstance(mapping, Mapping) or not mapping:
+        raise ValueError(f"task_sampling_weights: expected {{task: weight}} with one or more tasks, got {mapping!r}")
+    return {str(name): _number(weight, name) for name, weight in mapping.items()}
+
+
+def _number(value: Any, name: Any, spelt: bool = False) -> float:
+    """A weight as a float: a number (not a bool, nor NaN / infinity), or with ``spelt`` a token that spells one."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | (str if spelt else float)):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"task_sampling_weights: the weight of {name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"task_sampling_weights: the weight of {name} must be finite, got {value!r}")
+    return number
+
+
+def ordered_weights(weights: TaskWeights, names: list[str]) -> list[float]:
+    """The weights in the order of the tasks ``names``: a list as it is (one per task), a mapping by name (every task
+    named, no other)."""
+    if not isinstance(weights, Mapping):
+        if len(weights) != len(names):
+            raise ValueError(f"task_sampling_weights: one weight per task ({len(names)}: {names}), got {weights}")
+        return list(weights)
+    missing, unknown = [n for n in names if n not in weights], [n for n in weights if n not in names]
+    if missing or unknown:
+        raise ValueError(
+            f"task_sampling_weights: the tasks are {names}"
+            + (f"; no weight for {missing}" if missing else "")
+            + (f"; no task named {unknown}" if unknown else "")
+        )
+    return [weights[name] for name in names]
 
 
 def check_importance_sampling(

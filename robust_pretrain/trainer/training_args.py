@@ -16,7 +16,7 @@ from ..cli import check_checkpoint
 from ..options import Accepted, check_options, declare_inherited, declared_defaults, option
 from ..reference import PROVENANCE_ENTRIES, ReferenceRun
 from ..weighting import WEIGHTINGS, Weighting, WeightingArguments, accepted_options, build_weighting
-from .task_sampling import check_importance_sampling, refuse_learned_sampler
+from .task_sampling import check_importance_sampling, ordered_weights, refuse_learned_sampler, task_weights
 
 logger = logging.getLogger(__name__)
 
@@ -165,10 +165,11 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         "(DomainCollator, TaskGroupedMLMCollator with mode='per_example'); see robust_pretrain.trainer.task_sampling.",
         choices=TASK_SAMPLING_MODES,
     )
-    task_sampling_weights: list[float] | None = option(
+    task_sampling_weights: dict[str, float] | str | list[float] | None = option(
         None,
-        "task_sampling='fixed': the sampling weight q_t of each task (not all 0; normalised); needed by the time the "
-        "trainer is built (a recipe may set them from a file).",
+        "task_sampling='fixed': the sampling weight q_t of each task (not all 0; normalised), by name: "
+        "{task: weight} in Python, 'name=weight ...' on the command line, or a JSON object or file (e.g. the "
+        "domain_weights.json of robust-pretrain-mixture); or one weight per task in task order.",
         minimum=0,
     )
     importance_weighting: bool = option(
@@ -204,6 +205,7 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        self.task_sampling_weights = task_weights(self.task_sampling_weights)
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting: unknown strategy {self.weighting!r}; choose one of {sorted(WEIGHTINGS)}")
         check_options(self)
@@ -271,23 +273,30 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError(f"task_names: give distinct names of one or more tasks, got {names}")
         if self.task_names and list(self.task_names) != names:
             raise ValueError(f"task_names {list(self.task_names)} differ from the data's tasks {names}")
+        self.task_sampling_weights = task_weights(self.task_sampling_weights)  # also as assigned after construction
         if self.task_sampling == "fixed" and self.task_sampling_weights is None:
             raise ValueError("task_sampling='fixed' draws from task_sampling_weights: give one per task")
-        if self.task_sampling_weights is not None and len(self.task_sampling_weights) != len(names):
-            raise ValueError(
-                f"task_sampling_weights: one weight per task ({len(names)}: {names}), got {self.task_sampling_weights}"
-            )
+        if self.task_sampling_weights is not None:
+            ordered_weights(self.task_sampling_weights, names)
         if self.reference_run is not None and self.reference_losses is None:
             self.reference_losses = ReferenceRun.load(self.reference_run).reference_losses(names)
         self.task_names = names
         self._check_for_tasks(len(names))
         strategy = self.build_weighting()
-        self._check_sampling(strategy)  # task_sampling_weights may have been set since (a recipe's file)
+        self._check_sampling(strategy)
         return strategy
+
+    def sampling_weights(self) -> list[float] | None:
+        """``task_sampling_weights`` in the order of ``task_names`` (a mapping needs the tasks bound)."""
+        if self.task_sampling_weights is None or not isinstance(self.task_sampling_weights, dict):
+            return self.task_sampling_weights
+        if not self.task_names:
+            return list(self.task_sampling_weights.values())  # the checks that need no order
+        return ordered_weights(self.task_sampling_weights, list(self.task_names))
 
     def _check_sampling(self, strategy: Weighting) -> None:
         """The task-sampling options, with ``strategy`` built from these arguments."""
-        weights = self.task_sampling_weights
+        weights = self.sampling_weights()
         if weights is not None and self.task_sampling != "fixed":
             raise ValueError("task_sampling_weights: the weights of task_sampling='fixed', and only of it")
         if weights is not None and not sum(weights) > 0:

@@ -1,6 +1,6 @@
 """The options of the decoder pre-training recipe (:mod:`robust_pretrain.pretraining.causal_lm.recipe`): model and data
-arguments, the weight files they name (checked before any data is read, ``--domain_weights`` turned into fixed
-sampling), and the settings a resumed run must share."""
+arguments, the weight files they name (checked before any data is read; ``--domain_weights`` loads the mapping of
+``task_sampling_weights``), and the settings a resumed run must share."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class DomainDataArguments:
 
 def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> None:
     """``--domain_weights`` are the fixed sampling weights, ``--objective_weights`` the objective of importance
-    weighting: refuse what contradicts them (before any data is read)."""
+    weighting: refuse what contradicts them (before any data is read, on the options as given)."""
     if data_args.domain_weights is not None and (
         training_args.task_sampling == "online" or training_args.task_sampling_weights is not None
     ):
@@ -146,9 +146,22 @@ def check_weight_files(data_args: DomainDataArguments, training_args: MinimaxTra
         )
 
 
-def sample_from_file(training_args: MinimaxTrainingArguments, weights: list[float]) -> None:
-    """``--domain_weights``: draw the domains from the file's weights (``task_sampling='fixed'``)."""
-    training_args.task_sampling, training_args.task_sampling_weights = "fixed", weights
+def sampling_defaults(data_args: DomainDataArguments, training_args: MinimaxTrainingArguments) -> dict[str, Any]:
+    """What ``--domain_weights FILE`` loads: the trainer's ``task_sampling='fixed'`` and ``task_sampling_weights``
+    ``{domain: weight}`` from the file, as defaults of the options (none when streamed: the streams draw from the
+    file). The file is checked here, before any data is read; its domains against the data's by
+    :func:`domain_weights`."""
+    check_weight_files(data_args, training_args)
+    if data_args.domain_weights is None:
+        return {}
+    weights, _ = load_domain_weights(data_args.domain_weights)
+    if training_args.importance_weighting:
+        try:
+            option = f"--domain_weights {data_args.domain_weights}"
+            check_importance_sampling(list(weights.values()), list(weights), option)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    return {} if data_args.streaming else {"task_sampling": "fixed", "task_sampling_weights": weights}
 
 
 def run_settings(
@@ -163,19 +176,15 @@ def run_settings(
     return settings
 
 
-def read_domain_weights(
-    path: str, names: list[str], option: str = "--domain_weights"
-) -> tuple[list[float], dict[str, Any] | None]:
-    """The weights (in domain order) and provenance (``None``: none recorded) of a domain-weights file (given as
-    ``option``, which errors name); refuse one whose domains differ."""
+def load_domain_weights(path: str, option: str = "--domain_weights") -> tuple[dict[str, float], dict[str, Any] | None]:
+    """The ``{domain: weight}`` and provenance (``None``: none recorded) of a domain-weights file (given as ``option``,
+    which errors name)."""
     try:
         content = json.loads(Path(path).read_text())
         weights = content["weights"]
         values = [float(weights[name]) for name in weights]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UsageError(f'{option} {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
-    if sorted(weights) != sorted(names):
-        raise UsageError(f"{option} {path} has the domains {sorted(weights)}, this run {sorted(names)}")
     not_numbers = {name: value for name, value in weights.items() if type(value) not in (int, float)}
     if not_numbers:  # float() would take "0.5" and True
         raise UsageError(f"{option} {path}: weights must be JSON numbers, got {not_numbers}")
@@ -183,25 +192,28 @@ def read_domain_weights(
         raise UsageError(f"{option} {path}: weights must be finite, >= 0 and not all 0, got {weights}")
     if not math.isfinite(sum(values)):  # the draws normalise by the sum
         raise UsageError(f"{option} {path}: the weights' sum overflows ({weights}); scale them down")
-    return [float(weights[name]) for name in names], content.get("provenance")
+    return {name: float(value) for name, value in weights.items()}, content.get("provenance")
+
+
+def read_domain_weights(
+    path: str, names: list[str], option: str = "--domain_weights"
+) -> tuple[list[float], dict[str, Any] | None]:
+    """The weights (in the order of the domains ``names``) and provenance of a domain-weights file; refuse one whose
+    domains differ."""
+    weights, provenance = load_domain_weights(path, option)
+    if sorted(weights) != sorted(names):
+        raise UsageError(f"{option} {path} has the domains {sorted(weights)}, this run {sorted(names)}")
+    return [weights[name] for name in names], provenance
 
 
 def domain_weights(
-    data_args: DomainDataArguments, training_args: MinimaxTrainingArguments, names: list[str]
+    data_args: DomainDataArguments, names: list[str]
 ) -> tuple[list[float] | None, dict[str, Any] | None]:
-    """The weights of ``--domain_weights`` (in domain order) and the provenance saved with them (``None, None``
-    without the option); unless streamed, each training sequence's domain is drawn from them."""
+    """The weights of ``--domain_weights`` in the order of the data's domains ``names`` and the provenance saved with
+    them (``None, None`` without the option); the file's domains must be the data's."""
     if data_args.domain_weights is None:
         return None, None
-    weights, provenance = read_domain_weights(data_args.domain_weights, names)
-    if training_args.importance_weighting:
-        try:
-            check_importance_sampling(weights, names, f"--domain_weights {data_args.domain_weights}")
-        except ValueError as err:
-            raise UsageError(str(err)) from None
-    if not data_args.streaming:
-        sample_from_file(training_args, weights)
-    return weights, provenance
+    return read_domain_weights(data_args.domain_weights, names)
 
 
 def objective_weighting(data_args: DomainDataArguments, names: list[str]) -> FixedWeighting | None:

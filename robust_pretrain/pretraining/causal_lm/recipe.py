@@ -38,10 +38,10 @@ from robust_pretrain.pretraining.causal_lm.arguments import (
     FROM_SCRATCH,
     CausalModelArguments,
     DomainDataArguments,
-    check_weight_files,
     domain_weights,
     objective_weighting,
     run_settings,
+    sampling_defaults,
 )
 from robust_pretrain.pretraining.causal_lm.data import (
     DomainTexts,
@@ -149,7 +149,7 @@ def run(argv: list[str]) -> dict:
 
     texts = load_domain_texts(data_args)
     text_counts = require_every_domain(texts)
-    fixed_weights, saved_provenance = domain_weights(data_args, training_args, texts.names)
+    fixed_weights, saved_provenance = domain_weights(data_args, texts.names)
     bind_tasks(training_args, texts.names, "the data's domains")
     objective = objective_weighting(data_args, texts.names)
     logger.info("domains %s (texts %s) weighting=%s", texts.names, text_counts, training_args.weighting)
@@ -211,6 +211,10 @@ def parse_arguments(argv: list[str]) -> tuple[CausalModelArguments, DomainDataAr
     parser = OptionParser((CausalModelArguments, DomainDataArguments, MinimaxTrainingArguments), description=__doc__)
     parser.set_defaults(report_to=[], save_total_limit=2)
     model_args, data_args, training_args = parse_with_config(parser, argv)
+    loaded = sampling_defaults(data_args, training_args)
+    if loaded:  # --domain_weights: the trainer's options built with the file's weights, not rewritten
+        parser.set_defaults(**loaded)
+        model_args, data_args, training_args = parse_with_config(parser, argv)
     given = {"reference_run": training_args.reference_run, "domain_weights": data_args.domain_weights}
     given["reference_model"] = training_args.reference_model
     check_override(training_args.reference_mismatch_ok, given)
@@ -232,7 +236,6 @@ def refuse_before_reading(
     if model_args.tokenizer_name is not None:
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
-    check_weight_files(data_args, training_args)
     if data_args.validation_file is not None:
         refuse_given_options(argv, ["validation_split_percentage"], "not used with --validation_file")
     if data_args.streaming:
