@@ -19,7 +19,10 @@ how the loss is computed:
 
 Each round runs one step (``get_batch_samples`` + ``training_step`` over ``--accumulation`` micro-batches +
 ``optimizer.step``, as the Trainer's loop does) of every configuration, in alternating order; the time ratio to
-``plain`` is taken within each round and its median over rounds reported. On CUDA each step's peak is
+``plain`` is taken within each round and its median over rounds reported. On the CPU the step's process CPU time
+(``time.process_time``: every thread of the process, none of the other jobs on a shared machine) is timed besides the
+wall clock and its ratio reported the same way: run with one thread (``OMP_NUM_THREADS=1``) so the CPU time is the
+step's work, far less sensitive to other jobs than the wall clock. On CUDA each step's peak is
 ``max_memory_allocated`` after ``reset_peak_memory_stats`` minus the memory allocated before it (the memory the step
 adds on top of model, gradients' buffers and optimizer state); on the CPU, run with ``MALLOC_MMAP_THRESHOLD_=65536``
 (every tensor over 64 KiB its own mapping, returned when freed), it is the resident set's peak over the step
@@ -182,6 +185,7 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
     cuda = torch.cuda.is_available()
     names = configs(cli)
     times: dict[str, list[float]] = {c: [] for c in names}
+    cpu_times: dict[str, list[float]] = {c: [] for c in names}
     peaks: dict[str, list[float]] = {c: [] for c in names}
     with tempfile.TemporaryDirectory() as out:
         model = llama(cli)
@@ -200,10 +204,11 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
                 elif cpu_memory:
                     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
                     before = resident_mb("VmRSS")
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 step(trainers[config], on_device, not config.startswith("minimax"))
                 if i >= cli.warmup:
                     times[config].append(time.perf_counter() - start)
+                    cpu_times[config].append(time.process_time() - cpu_start)
                     if cuda:
                         peaks[config].append((torch.cuda.max_memory_allocated() - before) / 2**20)
                     elif cpu_memory:
@@ -224,6 +229,12 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
             "head_share": round(share, 3),
             "accumulation": cli.accumulation,
         }
+        if not cuda:
+            cpu_ratios = [t / p for t, p in zip(cpu_times[config], cpu_times["plain"], strict=True)]
+            row |= {
+                "cpu_time_ratio_to_plain": round(statistics.median(cpu_ratios), 3),
+                "cpu_time_ratios_per_round": [round(r, 3) for r in cpu_ratios],
+            }
         if peaks[config]:
             memory = statistics.median(peaks[config])
             plain = statistics.median(peaks["plain"])
@@ -242,17 +253,21 @@ def run(cli: argparse.Namespace) -> tuple[list[dict], dict]:
 
 
 def table(rows: list[dict]) -> list[str]:
-    memory = "step_peak_mb" in rows[0]
+    memory, cpu = "step_peak_mb" in rows[0], "cpu_time_ratio_to_plain" in rows[0]
     lines = [
-        "| config | head share | accumulation | median step (s) | time / plain (median of rounds) | model TFLOP/s "
-        "| MFU |" + (" step peak (MB) | memory / plain |" if memory else ""),
-        "|---|---|---|---|---|---|---|" + ("---|---|" if memory else ""),
+        "| config | head share | accumulation | median step (s) | time / plain (median of rounds) | "
+        + ("CPU time / plain (median; range over rounds) | " if cpu else "")
+        + "model TFLOP/s | MFU |"
+        + (" step peak (MB) | memory / plain |" if memory else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if cpu else "") + ("---|---|" if memory else ""),
     ]
     for r in rows:
-        line = (
-            f"| {r['config']} | {r['head_share']:.0%} | {r['accumulation']} | {r['median_step_s']} | "
-            f"{r['time_ratio_to_plain']} | {r['model_tflops_per_s']} | {'n/a' if r['mfu'] is None else r['mfu']} |"
-        )
+        line = f"| {r['config']} | {r['head_share']:.0%} | {r['accumulation']} | {r['median_step_s']} | "
+        line += f"{r['time_ratio_to_plain']} | "
+        if cpu:
+            spread = r["cpu_time_ratios_per_round"]
+            line += f"{r['cpu_time_ratio_to_plain']} ({min(spread)}–{max(spread)}) | "
+        line += f"{r['model_tflops_per_s']} | {'n/a' if r['mfu'] is None else r['mfu']} |"
         if memory:
             line += f" {r['step_peak_mb']} | {r['memory_ratio_to_plain']} |"
         lines.append(line)
