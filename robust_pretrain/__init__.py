@@ -3,7 +3,7 @@
 The trainer and its arguments import transformers; they load on first access so that light entry points (the
 ``robust-pretrain-publish`` command, tagging workers) start fast. Importing the package makes transformers' Auto classes
 find the MM-MAE classes, which load on the first MM-MAE lookup (see
-:mod:`robust_pretrain.vision.multimae.auto_registration`). The old names of moved modules that saved files hold
+``robust_pretrain.vision.multimae.auto_registration``). The old names of moved modules that saved files hold
 (``MOVED_MODULES``) import the modules under their new names.
 """
 

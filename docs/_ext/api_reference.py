@@ -38,9 +38,11 @@ def package_page(package: str, names: list[str], summary: str) -> str:
 
 def defining_name(package: str, name: str, value: Any) -> str:
     """The export's name for autosummary, relative to ``package``: a class or function as exported (autodoc follows
-    it to its module), a constant by its defining module (its ``#:`` comment is there, not in the package's
-    ``__init__``)."""
+    it to its module) unless the submodule of its name hides it (a lazy export), a constant by its defining module
+    (its ``#:`` comment is there, not in the package's ``__init__``)."""
     if inspect.isclass(value) or inspect.isroutine(value):
+        if inspect.ismodule(getattr(sys.modules[package], name)):  # by its module
+            return f"{value.__module__.removeprefix(package + '.')}.{name}"
         return name
     for module_name, module in sorted(sys.modules.items()):
         if module_name.startswith(f"{package}.") and getattr(module, name, None) is value and module.__file__:
@@ -91,14 +93,29 @@ def bases_without_parts(app: Any, name: str, obj: Any, options: Any, bases: list
     bases[:] = [base for base in bases if id(base) not in getattr(app, "undocumented_parts", ())]
 
 
-def no_inline_attribute_type(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
-    """An attribute's or constant's comment is a description: its first line is not ``type: description``."""
-    if what in ("attribute", "data") and lines and ":" in lines[0]:
-        lines.insert(0, "")
+#: an attribute's comment as written, between the two docstring hooks
+_ATTRIBUTE_COMMENTS: dict[str, list[str]] = {}
+
+
+def keep_attribute_comment(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    """An attribute's or constant's comment is a description: its first line is not ``type: description``.
+
+    Napoleon reads the first line of an attribute's docstring as ``type: description`` (a blank line put before it
+    does not help: Napoleon skips leading blank lines), so the comment is kept as written before Napoleon runs
+    and put back after it."""
+    if what in ("attribute", "data"):
+        _ATTRIBUTE_COMMENTS[name] = list(lines)
+
+
+def restore_attribute_comment(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    kept = _ATTRIBUTE_COMMENTS.pop(name, None)
+    if what in ("attribute", "data") and kept is not None:
+        lines[:] = kept
 
 
 def setup(app: Any) -> dict[str, Any]:
     app.connect("config-inited", write_pages)  # before Sphinx lists the sources and autosummary writes its stubs
-    app.connect("autodoc-process-docstring", no_inline_attribute_type, priority=400)  # before Napoleon's (500)
+    app.connect("autodoc-process-docstring", keep_attribute_comment, priority=400)  # before Napoleon's (500)
+    app.connect("autodoc-process-docstring", restore_attribute_comment, priority=600)  # and after it
     app.connect("autodoc-process-bases", bases_without_parts)
     return {"parallel_read_safe": True}

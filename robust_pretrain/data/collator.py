@@ -33,7 +33,7 @@ class TaskGroupedMLMCollator:
         present in the batch appears if and only if every k of them occur together in at least k sequences (Hall's
         condition, e.g. when each present task occurs in at least as many sequences as there are present tasks).
         A batch size >= number of tasks is not enough: of 9 sequences where 8 hold only nouns, at most 2 tasks
-        can be covered. With a ``task_schedule`` (task-weighted sampling, :mod:`robust_pretrain.trainer.task_sampling`)
+        can be covered. With a ``task_schedule`` (task-weighted sampling, ``robust_pretrain.trainer.task_sampling``)
         each sequence's task is instead drawn independently, with probability proportional to the schedule's
         weights for the batch's optimizer step, among the tasks the sequence contains.
 
@@ -44,12 +44,12 @@ class TaskGroupedMLMCollator:
     Output: ``input_ids``, ``attention_mask``, ``labels`` (original id at targets, -100 elsewhere) and ``task_ids``
     (task id at targets, -100 elsewhere), all ``LongTensor`` of shape ``(batch, length)``.
 
-    Randomness: each batch draws from :func:`~robust_pretrain.seeding.keyed_torch_generator` with ``(seed, epoch,
+    Randomness: each batch draws from ``robust_pretrain.seeding.keyed_torch_generator`` with ``(seed, epoch,
     the batch's padded tensors)``, so a batch's masks do not depend on how many batches were collated before, in
     which process or ``DataLoader`` worker, or with how many workers: a run resumed mid-epoch (whose skipped batches
     are never collated) draws the masks of an uninterrupted run. :meth:`set_epoch` gives every epoch new masks, also
-    in persistent workers (the epoch is a :class:`~robust_pretrain.seeding.SharedEpoch`); ``MinimaxTrainer`` calls
-    it at each epoch (:class:`~robust_pretrain.seeding.SetEpochCallback`). Two batches with identical tokens in the
+    in persistent workers (the epoch is a ``robust_pretrain.seeding.SharedEpoch``); ``MinimaxTrainer`` calls
+    it at each epoch (``robust_pretrain.seeding.SetEpochCallback``). Two batches with identical tokens in the
     same epoch get the same masks. ``seed=None`` takes a seed from the OS.
     """
 

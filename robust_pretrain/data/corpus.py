@@ -89,7 +89,7 @@ def load_ewt_corpus(split: str = "train", ud_dir: str | Path | None = None) -> D
 
     ``"train"`` holds the EWT train and dev paragraphs, ``"test"`` the EWT test paragraphs (the shipped tagger never
     saw them). Paragraphs rather than sentences give masked-LM examples some context (about five sentences on
-    average). ``ud_dir`` is resolved by :func:`resolve_ud_dir`.
+    average). ``ud_dir`` is resolved by ``resolve_ud_dir``.
     """
     if split not in SPLIT_SOURCES:
         raise ValueError(f"unknown split {split!r}; choose one of {sorted(SPLIT_SOURCES)}")

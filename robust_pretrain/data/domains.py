@@ -95,7 +95,7 @@ class _PackCausal:
 def pack_domain_texts(
     texts: Mapping[str, Sequence[str]], tokenizer: Any, max_seq_length: int, *, num_proc: int | None = None
 ) -> Dataset:
-    """:func:`pack_domains` of ``{domain: texts}``: the domains' ids follow the mapping's order (give
+    """``pack_domains`` of ``{domain: texts}``: the domains' ids follow the mapping's order (give
     ``list(texts)`` as the collator's ``task_names``)."""
     names = list(texts)
     raw = Dataset.from_dict(
@@ -200,7 +200,7 @@ class DomainCollator:
     takes its tasks from them).
 
     With a schedule (``MinimaxTrainer`` hands it over with ``task_sampling``, :meth:`sample_tasks`), a batch of
-    :class:`DrawSlots` rows (no ``input_ids``) is a training batch whose sequences are drawn by domain (module
+    ``DrawSlots`` rows (no ``input_ids``) is a training batch whose sequences are drawn by domain (module
     docstring); batches of sequences (held-out data) are only padded.
     """
 
@@ -217,7 +217,7 @@ class DomainCollator:
     def sample_tasks(self, schedule: TaskSamplingSchedule, sequences: Dataset, args: TrainingArguments) -> DrawSlots:
         """Draw the training batches' domains by ``schedule`` from ``sequences`` (the packed training set), seeded by
         ``args.seed``, each process keeping its ``per_device_train_batch_size`` rows of the global draw; the training
-        data becomes the :class:`DrawSlots` of an epoch (:func:`draws_per_epoch`)."""
+        data becomes the ``DrawSlots`` of an epoch (``draws_per_epoch``)."""
         if isinstance(sequences, (torch.utils.data.IterableDataset, IterableDataset)):
             raise ValueError("domain-weighted sampling draws from map-style sequences, not a stream")
         task_ids = torch.as_tensor(sequences["task_ids"], dtype=torch.long)

@@ -231,7 +231,7 @@ def tokenize_and_tag(
     batch_size: int = 1000,
     load_from_cache_file: bool | None = None,
 ) -> Dataset | IterableDataset:
-    """Tokenize and PoS-tag ``dataset[text_column]`` into the columns of :data:`FEATURES` (others are dropped).
+    """Tokenize and PoS-tag ``dataset[text_column]`` into the columns of ``FEATURES`` (others are dropped).
 
     Args:
         dataset: a ``Dataset`` (mapped eagerly, cached under a deterministic fingerprint, so a repeated call is a
@@ -245,7 +245,7 @@ def tokenize_and_tag(
             tagged (up to the end of the word the last token falls in).
         pack: concatenate the texts of each map batch and cut them into ``max_seq_length`` blocks. The blocks are
             the same for any ``num_proc`` and for streaming (tagging runs in ``num_proc`` processes, packing in one).
-            Texts longer than :data:`MAX_TEXT_CHARS` characters are first cut into pieces at sentence ends.
+            Texts longer than ``MAX_TEXT_CHARS`` characters are first cut into pieces at sentence ends.
         num_proc: worker processes for an eager ``Dataset`` (ignored for streaming).
         batch_size: texts per map batch (packing happens within a batch).
     """

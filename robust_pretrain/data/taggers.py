@@ -169,7 +169,7 @@ class CallableTagger:
 
 
 def get_tagger(backend: str | Tagger | TagFunction = "shipped") -> Tagger:
-    """Return a tagger: ``"shipped"`` (default), ``"nltk"``, a :class:`Tagger`, or a plain :data:`TagFunction`."""
+    """Return a tagger: ``"shipped"`` (default), ``"nltk"``, a ``Tagger``, or a plain ``TagFunction``."""
     if isinstance(backend, str):
         if backend == "shipped":
             return ShippedTagger()

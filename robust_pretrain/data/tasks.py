@@ -82,7 +82,7 @@ class TaskSpec:
 
     @classmethod
     def default(cls) -> TaskSpec:
-        """The paper's nine part-of-speech tasks (:data:`DEFAULT_POS_TASKS`)."""
+        """The paper's nine part-of-speech tasks (:data:`~robust_pretrain.data.tasks.DEFAULT_POS_TASKS`)."""
         return cls(DEFAULT_POS_TASKS)
 
     @classmethod
@@ -129,7 +129,7 @@ class TaskSpec:
         return {tag: task_id for task_id, tags in enumerate(self.groups.values()) for tag in tags}
 
     def expected_share(self) -> float:
-        """Share of the words of English text that belong to a task (:data:`EWT_UPOS_SHARES` of the spec's tags)."""
+        """Share of the words of English text that belong to a task (``EWT_UPOS_SHARES`` of the spec's tags)."""
         return sum(EWT_UPOS_SHARES[tag] for tag in self.tag_to_task)
 
     def to_dict(self) -> dict[str, list[str]]:

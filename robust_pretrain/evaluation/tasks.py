@@ -46,7 +46,7 @@ class TaskRunResult:
 
 
 class TaskRunner(typing.Protocol):
-    """Signature of :attr:`SuiteTask.run`."""
+    """Signature of ``SuiteTask.run``."""
 
     def __call__(
         self, checkpoint: str, seed: int, output_dir: Path, options: Sequence[Any], save_model: bool
@@ -73,7 +73,7 @@ class SuiteTask:
     """One row of the task table.
 
     ``name`` is what ``--tasks`` accepts (case-insensitive, ``-`` ignored); ``display_name`` heads table columns.
-    ``primary_metric`` is the key of :attr:`TaskRunResult.metrics` the suite compares (mean over seeds, average
+    ``primary_metric`` is the key of ``TaskRunResult.metrics`` the suite compares (mean over seeds, average
     over tasks, worst task), ``higher_is_better`` its direction (every task of one suite run must share it).
     ``card_metrics`` maps each reported metric key to its ``model-index`` metric type and target.
     """
@@ -115,7 +115,7 @@ class TaskFamily:
     of them has an ``output_dir`` field, the suite directory. ``run_settings(options)`` describes parsed options;
     ``check_inputs(checkpoints, tasks, options)`` raises on bad checkpoints or data before any cell runs.
     ``random_init``: whether its tasks accept ``random-init:<checkpoint>`` entries (see
-    :mod:`robust_pretrain.evaluation.checkpoints`).
+    ``robust_pretrain.evaluation.checkpoints``).
     """
 
     name: str

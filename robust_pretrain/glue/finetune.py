@@ -129,7 +129,7 @@ def write_predictions(
 
 
 def read_predictions(task: str | GlueTask, path: str | Path) -> dict[str, list]:
-    """Read a :func:`write_predictions` file back: ``index``, ``prediction`` and ``label`` (label ids or scores)."""
+    """Read a ``write_predictions`` file back: ``index``, ``prediction`` and ``label`` (label ids or scores)."""
     spec = task if isinstance(task, GlueTask) else get_task(task)
     columns: dict[str, list] = {"index": [], "prediction": [], "label": []}
     lines = Path(path).read_text(encoding="utf-8").splitlines()

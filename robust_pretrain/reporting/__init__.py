@@ -1,16 +1,16 @@
 """Everything a run writes besides its model: reports, model cards, plots and the aggregation of per-task results.
 
-* :mod:`.task_report` — a pre-training run's ``task_report.json`` (final weights, held-out loss per task, worst task).
-* :mod:`.scoring` — scale-free worst-case scores of per-task losses: raw, signed excess over a reference, regret
+* ``task_report`` — a pre-training run's ``task_report.json`` (final weights, held-out loss per task, worst task).
+* ``scoring`` — scale-free worst-case scores of per-task losses: raw, signed excess over a reference, regret
   against a baseline, each with its mean and its worst task named.
-* :mod:`.aggregation` — per-task results over seeds and checkpoints: mean ± std, average, worst task named, deltas
+* ``aggregation`` — per-task results over seeds and checkpoints: mean ± std, average, worst task named, deltas
   against a baseline and their size in standard errors (the suite, the comparison and the evidence tables).
-* :mod:`.cards` — the one model-card renderer: pre-training cards (one template for every task family: PoS groups,
+* ``cards`` — the one model-card renderer: pre-training cards (one template for every task family: PoS groups,
   image modalities, and any later family such as causal LM), fine-tuning cards (GLUE and dense) and card metadata.
-* :mod:`.suite_cards` — suite results as ``model-index`` metadata (imported by its path: it needs the evaluation
+* ``suite_cards`` — suite results as ``model-index`` metadata (imported by its path: it needs the evaluation
   package).
-* :mod:`.plots` — every figure, with one colour rule per modality (RGB, depth, class maps).
-* :mod:`.tables` — the Markdown tables of the suite and of the comparison of strategies.
+* ``plots`` — every figure, with one colour rule per modality (RGB, depth, class maps).
+* ``tables`` — the Markdown tables of the suite and of the comparison of strategies.
 
 Importing this package loads neither torch nor transformers (the publish command renders cards without them).
 """

@@ -49,8 +49,8 @@ def task_report(
     provenance: Provenance | None = None,
 ) -> dict[str, Any]:
     """Final weight and held-out loss of every task, with the mean and the worst task, and the run's ``scores``
-    (:func:`~robust_pretrain.reporting.scoring.score_losses`): ``raw``, and ``excess`` over the reference losses the
-    run trained against, if any (``reference_losses``); ``provenance`` (:class:`robust_pretrain.reference.Provenance`)
+    (``robust_pretrain.reporting.scoring.score_losses``): ``raw``, and ``excess`` over the reference losses the
+    run trained against, if any (``reference_losses``); ``provenance`` (``robust_pretrain.reference.Provenance``)
     lets a later run use this one as its ``--reference_run``.
 
     The final weights are those of the last logged step; ``final_weights`` (the weights of the run's last optimizer

@@ -52,8 +52,8 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
     mean loss of this micro-batch) and optionally ``task_counts``; then each micro-batch's task means are pooled over
     processes (exactly, with the counts) and averaged over micro-batches, and the step's weights come from the first
     micro-batch (with accumulation, a task missing from it gets no weight in that step, and ``step_weights`` holds the
-    effective weights ``k_t / GA * w_t``, see :mod:`robust_pretrain.trainer`). Pass ``weighting=`` to use a strategy
-    instance instead of the one the arguments describe. A causal LM (:func:`is_causal_lm`) learns next-token targets:
+    effective weights ``k_t / GA * w_t``, see ``robust_pretrain.trainer``). Pass ``weighting=`` to use a strategy
+    instance instead of the one the arguments describe. A causal LM (``is_causal_lm``) learns next-token targets:
     labels are shifted as its own loss shifts them, token-level ``task_ids`` with them (a target's task is the
     predicted token's).
     """
@@ -236,7 +236,7 @@ class MinimaxTrainer(TaskObjective, TaskLogs, WeightingCheckpoints, Trainer):
         self._signature_columns += [c for c in TASK_COLUMNS if c not in self._signature_columns]
 
     def get_train_dataloader(self) -> Any:
-        """The Trainer's, its collator wrapped in :class:`~robust_pretrain.task_losses.HostTargets`: each batch's
+        """The Trainer's, its collator wrapped in ``robust_pretrain.task_losses.HostTargets``: each batch's
         targets are found on the host, before the batch is copied to the device (not where Accelerate dispatches
         batches, splitting them by rows after collation)."""
         collator = self.data_collator

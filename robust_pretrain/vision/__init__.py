@@ -1,7 +1,7 @@
 """Images: MM-MAE models (Auto-registered), modality-mask collator, image processor, scene generator, loaders.
 
 Names load lazily, on first access, so importing this package stays cheap. The Auto classes find the MM-MAE classes
-after ``import robust_pretrain``, in any import order: see :mod:`robust_pretrain.vision.multimae.auto_registration`.
+after ``import robust_pretrain``, in any import order: see ``robust_pretrain.vision.multimae.auto_registration``.
 """
 
 from __future__ import annotations

@@ -33,10 +33,10 @@ class ModalityMaskCollator:
     examples is filled with its entry in ``fill_values`` (an invalid value: no loss target) and fully hidden for
     them, so those examples spend their budget on the modalities they have; without a fill value it is an error.
 
-    Randomness: each example draws from :func:`~robust_pretrain.seeding.keyed_rng` with ``(seed, epoch, key)``,
+    Randomness: each example draws from ``robust_pretrain.seeding.keyed_rng`` with ``(seed, epoch, key)``,
     ``key`` = the example's ``key_column`` value if it has one, else a hash of its modality tensors. Masks thus do
     not depend on workers, processes, batch composition or a resume; ``set_epoch`` changes them per epoch, also in
-    persistent workers (:class:`~robust_pretrain.seeding.SetEpochCallback` calls it for a ``Trainer``).
+    persistent workers (``robust_pretrain.seeding.SetEpochCallback`` calls it for a ``Trainer``).
     Identical examples without ids draw identical masks.
     """
 

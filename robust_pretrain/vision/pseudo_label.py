@@ -5,7 +5,7 @@ This is how the paper got depth and semseg for ImageNet: ``transformers.pipeline
 become the ``depth`` (16-bit PNG, units of ``1/depth_scale`` metres) and ``semseg`` (class-id PNG, ids of the
 segmentation model's ``id2label``) modalities, written as the folder layout ``<output_dir>/<split>/{rgb,depth,
 semseg}/<id>.png`` or as a parquet dataset ``<output_dir>/data/<split>-00000-of-00001.parquet`` (loadable with
-:func:`~robust_pretrain.vision.loaders.load_image_folder` / ``load_mapped_dataset``). ``pseudo_labels.json``
+:func:`~robust_pretrain.vision.load_image_folder` / ``load_mapped_dataset``). ``pseudo_labels.json``
 records the models and class names. The depth model must predict *metric* depth (e.g. a ZoeDepth or Depth Anything
 metric checkpoint); relative-depth models (MiDaS-style inverse depth) would give depth in arbitrary units.
 

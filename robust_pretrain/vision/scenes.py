@@ -395,7 +395,7 @@ def render_example(seed: int, split: str, index: int, config: SceneConfig) -> tu
 def generate_scenes(num_images: int, split: str = "train", seed: int = 0, config: SceneConfig | None = None):
     """A ``datasets.Dataset`` of ``num_images`` scenes: ``id`` (str), ``rgb`` (RGB image), ``depth`` (16-bit PNG,
     millimetres, the NYUv2 convention; 0 = invalid never occurs here), ``semseg`` (8-bit class ids,
-    :data:`CLASS_NAMES`), ``label`` (``ClassLabel`` over :data:`LABEL_NAMES`, the dominant object)."""
+    ``CLASS_NAMES``), ``label`` (``ClassLabel`` over ``LABEL_NAMES``, the dominant object)."""
     import datasets
     from PIL import Image
 

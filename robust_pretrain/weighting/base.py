@@ -53,9 +53,9 @@ class Weighting(ABC):
 
     #: whether the weights follow the task losses (only those accept a loss normalisation and an EMA)
     loss_driven: bool = True
-    #: whether :meth:`weights` needs the per-task gradient norms of a shared module (GradNorm)
+    #: whether :meth:`~robust_pretrain.Weighting.weights` needs per-task gradient norms of a shared module (GradNorm)
     needs_grad_norms: bool = False
-    #: whether :meth:`weights` needs the step's per-task target counts (proportional)
+    #: whether :meth:`~robust_pretrain.Weighting.weights` needs the step's per-task target counts (proportional)
     needs_task_counts: bool = False
 
     def __init__(

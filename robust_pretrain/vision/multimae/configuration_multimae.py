@@ -105,7 +105,7 @@ class ModalitySpec:
 
     @property
     def output_channels(self) -> int:
-        """Channels of the decoder's prediction: class logits for semseg, the image channels otherwise."""
+        """Channels of the decoder's prediction (class logits for semseg, the image channels otherwise)."""
         return self.num_classes if self.kind == "semseg" else self.channels
 
 
@@ -128,7 +128,7 @@ class MultiMAEConfig(PretrainedConfig):
     (MultiMAE's: the queries cross-attend to the encoded tokens, then ``decoder_num_hidden_layers`` self-attention
     layers over the queries) or ``"joint"`` (self-attention layers over the encoded tokens and the queries together;
     what a saved config without the key was trained with). Four switches of the cross-attention decoder (defaults:
-    this project's variant; :data:`DECODER_VARIANTS` ``"multimae"`` sets all four to reproduce MultiMAE's decoder):
+    this project's variant; ``DECODER_VARIANTS`` ``"multimae"`` sets all four to reproduce MultiMAE's decoder):
     ``decoder_use_task_queries`` (a visible patch's query is its own encoded token, as the context sees it, in place
     of the mask token: MultiMAE's ``decoder_use_task_queries``), ``decoder_cross_attention_residual`` (add the
     queries back after the cross-attention; MultiMAE does not), ``decoder_final_norm`` (a LayerNorm before the
@@ -137,11 +137,11 @@ class MultiMAEConfig(PretrainedConfig):
     ``finetune_modalities`` are the inputs (``["rgb"]`` as in the paper; add ``"depth"`` to feed it too); the dense
     heads are DPT reassemble-and-fuse heads over four encoder layers ``head_layer_indices`` with ``neck_hidden_sizes``
     / ``fusion_hidden_size`` channels; ``semseg_head="convnext"`` gives semantic segmentation MultiMAE's ConvNeXt
-    head instead (:class:`~robust_pretrain.vision.multimae.convnext_head.ConvNeXtSegmentationHead` over the encoder's
+    head instead (``robust_pretrain.vision.multimae.convnext_head.ConvNeXtSegmentationHead`` over the encoder's
     last layer,
     ``convnext_head_dim`` / ``convnext_preds_per_patch`` / ``convnext_num_blocks``: MultiMAE's 6144 / 16 / 4), and
     ``depth_loss="berhu"`` depth estimation MultiMAE's berHu loss instead of L1
-    (:mod:`robust_pretrain.vision.multimae.losses`).
+    (``robust_pretrain.vision.multimae.losses``).
 
     Args:
         modalities: list of :class:`ModalitySpec` (or their dicts); default rgb, depth, semseg (40 classes).

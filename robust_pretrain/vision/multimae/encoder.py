@@ -127,7 +127,7 @@ class MultiMAEPreTrainedModel(PreTrainedModel):
 class MultiMAEModel(MultiMAEPreTrainedModel):
     """The MM-MAE encoder. ``forward`` takes each present modality by name (``rgb`` (B,3,H,W), ``depth`` (B,1,H,W),
     ``semseg`` (B,H,W), or the config's names) and optionally ``mask_<name>`` (B, N) bool, True = hidden; a modality
-    without a mask is fully visible. Returns :class:`MultiMAEModelOutput` (global tokens first, then the visible
+    without a mask is fully visible. Returns ``MultiMAEModelOutput`` (global tokens first, then the visible
     patches in modality-then-patch order)."""
 
     def __init__(self, config: MultiMAEConfig) -> None:

@@ -249,7 +249,7 @@ class MultiMAEForDepthEstimation(MultiMAEDenseModel):
 
     ``predicted_depth`` (B, H, W) is upsampled (bilinear) to the label size when ``labels`` are given, else to the
     input size. Loss (``config.depth_loss``): L1 in metres over the valid pixels (label > 0 and finite), 0 when a
-    batch has none, or MultiMAE's berHu over them (:func:`~robust_pretrain.vision.multimae.losses.depth_loss`). L1 by
+    batch has none, or MultiMAE's berHu over them (``robust_pretrain.vision.multimae.losses.depth_loss``). L1 by
     default rather than the scale-invariant log loss: it scores the metric depth the metrics (δ1, AbsRel, RMSE)
     evaluate, is the pre-training depth loss, and needs no log of a zero prediction from the ReLU output.
     """

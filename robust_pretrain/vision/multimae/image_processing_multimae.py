@@ -432,7 +432,7 @@ class MultiMAETransform:
     Keeps ``id`` and ``label`` columns (when present) beside the modalities, so the collator and classification
     heads find them. Augmentation draws from ``keyed_rng(seed, epoch, ("augment", id))`` (content hash without an
     ``id``): reproducible, worker- and resume-independent; ``set_epoch`` (or
-    :class:`~robust_pretrain.seeding.SetEpochCallback`) gives each epoch new crops.
+    ``robust_pretrain.seeding.SetEpochCallback``) gives each epoch new crops.
     """
 
     processor: MultiMAEImageProcessor
