@@ -88,8 +88,9 @@ def loaded_weights(options: list[str]) -> list[str]:
 def toy_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
     """The recipe's stage on the toy: the same trainer, sampling and weight averaging, read from the same options."""
     parser = HfArgumentParser(MinimaxTrainingArguments)
-    (args,) = parser.parse_args_into_dataclasses(
-        [*loaded_weights(options), "--output_dir", str(stage_dir), "--task_names", *DOMAINS]
+    args, _ = parser.parse_args_into_dataclasses(  # the recipe's own options left over
+        [*loaded_weights(options), "--output_dir", str(stage_dir), "--task_names", *DOMAINS],
+        return_remaining_strings=True,
     )
     train, held_out = toy_sequences(500, seed=0), toy_sequences(500, seed=1)
     # drawn from fixed weights (or not drawn), the averaged weights are the objective's N_t / N: the drawn shares
@@ -158,8 +159,9 @@ def equally_hard_stage(stage_dir: Path, options: list[str]) -> dict[str, Any]:
     unigram model, the recipe's trainer, sampling and weight average, read from the same options."""
     names = list(RARE_SHARES)
     parser = HfArgumentParser(MinimaxTrainingArguments)
-    (args,) = parser.parse_args_into_dataclasses(
-        [*loaded_weights(options), "--output_dir", str(stage_dir), "--task_names", *names]
+    args, _ = parser.parse_args_into_dataclasses(  # the recipe's own options left over
+        [*loaded_weights(options), "--output_dir", str(stage_dir), "--task_names", *names],
+        return_remaining_strings=True,
     )
     datasets = []
     for seed, count in ((0, 1000), (1, 200)):
