@@ -254,8 +254,9 @@ def _named(mapping: Any) -> dict[str, float]:
 
 def _number(value: Any, name: Any, spelt: bool = False) -> float:
     """A weight as a float: a number (not a bool, nor NaN / infinity), or with ``spelt`` a token that spells one."""
+    accepted = (int, float, str) if spelt else (int, float)
     try:
-        if isinstance(value, bool) or not isinstance(value, int | float | (str if spelt else float)):
+        if isinstance(value, bool) or not isinstance(value, accepted):
             raise TypeError
         number = float(value)
     except (TypeError, ValueError):

@@ -315,7 +315,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
         if self.task_sampling == "online" or self.importance_weighting:
             refuse_learned_sampler(strategy, f"weighting={self.weighting!r}")
         if self.importance_weighting and weights is not None and len(weights) == strategy.num_tasks:
-            check_importance_sampling(weights, self.task_names or None)
+            named = self.task_sampling_weights if isinstance(self.task_sampling_weights, dict) else None
+            check_importance_sampling(weights, self.task_names or (list(named) if named else None))
 
     def _check_reference(self) -> None:
         """Check the reference options (:meth:`bind_tasks` takes ``reference_run``'s losses for the tasks)."""
