@@ -345,9 +345,9 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
     (
         "causal-lm",
         ["--domain_files", "web={tmp}/train.txt", "--domain_weights", "{tmp}/weights.json"],
-        ["weights.json has the domains ['news'], this run ['web']"],
+        ["weights.json: unknown domain(s) ['news'], missing domain(s) ['web']"],
     ),  # fmt: skip
-    ("causal-lm", ["--domain_weights", "{tmp}/file.txt"], ["--domain_weights", "expected JSON"]),
+    ("causal-lm", ["--domain_weights", "{tmp}/file.txt"], ["--domain_weights", "file.txt: not a JSON file"]),
     ("causal-lm", ["--domain_column", "source"], ["--domain_column names a column of --dataset_name or --train_file"]),
     (
         "causal-lm",
@@ -431,7 +431,7 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         "causal-lm",
         [*TWO_DOMAINS, "--domain_weights", "{tmp}/two.json", "--objective_weights", "{tmp}/strings.json"]
         + ["--task_sampling", "fixed", "--importance_weighting", "1"],
-        ["--objective_weights {tmp}/strings.json: weights must be JSON numbers"],
+        ["--objective_weights {tmp}/strings.json: the weight of 'web' is '0.5', not a finite JSON number"],
     ),
     (
         "causal-lm",
@@ -510,8 +510,8 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         ["--domain_weights", "overflow.json: the weights' sum overflows"],
     ),  # fmt: skip
     # item 5: values that mean nothing are refused like their siblings
-    ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/strings.json"], ["weights must be JSON numbers"]),
-    ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/booleans.json"], ["weights must be JSON numbers"]),
+    ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/strings.json"], ["the weight of 'web' is '0.5'"]),
+    ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/booleans.json"], ["the weight of 'web' is True"]),
     ("pos-mlm", ["--reference_losses", *"123456789"], ["reference_losses: only used with loss_normalization='excess'"]),
     (
         "pos-mlm",

@@ -46,7 +46,7 @@ GOOD = {"answers": 1, "email": 1, "code": 2}
     ("content", "message"),
     [
         ({"weights": {"answers": float("nan"), "email": 1, "code": 1}}, "the weight of 'answers' is nan"),
-        ({"weights": {"answers": -1, "email": 1, "code": 1}}, "the weight of 'answers' is -1"),
+        ({"weights": {"answers": -1, "email": 1, "code": 1}}, "'answers' is -1, not a finite JSON number >= 0"),
         ({"weights": {"answers": "1", "email": 1, "code": 1}}, "the weight of 'answers' is '1'"),
         ({"weights": {**GOOD, "web": 1}}, "unknown domain(s) ['web']"),
         ({"weights": {"answers": 1, "email": 1}}, "missing domain(s) ['code']"),

@@ -176,33 +176,45 @@ def run_settings(
     return settings
 
 
-def load_domain_weights(path: str, option: str = "--domain_weights") -> tuple[dict[str, float], dict[str, Any] | None]:
-    """The ``{domain: weight}`` and provenance (``None``: none recorded) of a domain-weights file (given as ``option``,
-    which errors name)."""
+def load_domain_weights(
+    path: str | Path, where: str | None = None, domains: list[str] | None = None
+) -> tuple[dict[str, float], dict[str, Any] | None]:
+    """The ``{domain: weight}`` and provenance (``None``: none recorded) of a domain-weights file
+    (``{"weights": {domain: weight}, "provenance": ...}``): one JSON number >= 0 per domain (with ``domains``, exactly
+    those), finite and not all 0. The one reader of the format; refusals start with ``where`` (default
+    ``--domain_weights PATH``)."""
+    where = where or f"--domain_weights {path}"
     try:
         content = json.loads(Path(path).read_text())
-        weights = content["weights"]
-        values = [float(weights[name]) for name in weights]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UsageError(f'{option} {path}: expected JSON {{"weights": {{domain: weight}}}} ({err})') from err
-    not_numbers = {name: value for name, value in weights.items() if type(value) not in (int, float)}
-    if not_numbers:  # float() would take "0.5" and True
-        raise UsageError(f"{option} {path}: weights must be JSON numbers, got {not_numbers}")
-    if any(not value >= 0 or value == float("inf") for value in values) or sum(values) <= 0:
-        raise UsageError(f"{option} {path}: weights must be finite, >= 0 and not all 0, got {weights}")
-    if not math.isfinite(sum(values)):  # the draws normalise by the sum
-        raise UsageError(f"{option} {path}: the weights' sum overflows ({weights}); scale them down")
+    except OSError as err:
+        raise UsageError(f"{where}: cannot read the file ({err.strerror})") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UsageError(f"{where}: not a JSON file ({err})") from None
+    weights = content.get("weights") if isinstance(content, dict) else None
+    if not isinstance(weights, dict) or not weights:
+        raise UsageError(f'{where}: expected {{"weights": {{domain: weight, ...}}}} with one weight per domain')
+    if domains is not None:
+        unknown, missing = sorted(set(weights) - set(domains)), [d for d in domains if d not in weights]
+        if unknown or missing:
+            raise UsageError(
+                f"{where}: unknown domain(s) {unknown}, missing domain(s) {missing}; the data's: {domains}"
+            )
+    for name, value in weights.items():  # float() would take "0.5" and True; NaN fails value >= 0
+        if type(value) not in (int, float) or not value >= 0 or value == float("inf"):
+            raise UsageError(f"{where}: the weight of {name!r} is {value!r}, not a finite JSON number >= 0")
+    if not sum(weights.values()) > 0:
+        raise UsageError(f"{where}: the weights are all 0")
+    if not math.isfinite(sum(weights.values())):  # the draws normalise by the sum
+        raise UsageError(f"{where}: the weights' sum overflows ({weights}); scale them down")
     return {name: float(value) for name, value in weights.items()}, content.get("provenance")
 
 
 def read_domain_weights(
     path: str, names: list[str], option: str = "--domain_weights"
 ) -> tuple[list[float], dict[str, Any] | None]:
-    """The weights (in the order of the domains ``names``) and provenance of a domain-weights file; refuse one whose
-    domains differ."""
-    weights, provenance = load_domain_weights(path, option)
-    if sorted(weights) != sorted(names):
-        raise UsageError(f"{option} {path} has the domains {sorted(weights)}, this run {sorted(names)}")
+    """The weights (in the order of the domains ``names``) and provenance of a domain-weights file given as ``option``;
+    refuse one whose domains differ."""
+    weights, provenance = load_domain_weights(path, f"{option} {path}", names)
     return [weights[name] for name in names], provenance
 
 

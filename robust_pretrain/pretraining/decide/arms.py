@@ -15,13 +15,12 @@ Static arms draw each sequence's domain from a weights file written into the cel
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 from robust_pretrain.cli import UsageError
+from robust_pretrain.pretraining.causal_lm.arguments import load_domain_weights
 
 BUILT_IN_ARMS = (
     "natural", "sampling_control", "stratified", "unimax", "temperature", "minimax", "minimax_capped", "group_dro",
@@ -52,25 +51,11 @@ def custom_arms(entries: list[str] | None) -> dict[str, Path]:
 
 
 def read_arm_file(name: str, path: Path, domains: list[str]) -> dict[str, Any]:
-    """The content of arm ``name``'s weights file: ``weights`` one finite number >= 0 per domain of the data (no
-    other), not all 0; refused otherwise, naming the file."""
-    where = f"--arm {name}={path}"
-    try:
-        content = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UsageError(f"{where}: not a JSON file ({err})") from None
-    weights = content.get("weights") if isinstance(content, dict) else None
-    if not isinstance(weights, dict) or not weights:
-        raise UsageError(f'{where}: expected {{"weights": {{domain: weight, ...}}}} with one weight per domain')
-    unknown, missing = sorted(set(weights) - set(domains)), [d for d in domains if d not in weights]
-    if unknown or missing:
-        raise UsageError(f"{where}: unknown domain(s) {unknown}, missing domain(s) {missing}; the data's: {domains}")
-    for domain, value in weights.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise UsageError(f"{where}: the weight of {domain!r} is {value!r}, not a finite number >= 0")
-    if not sum(weights.values()) > 0:
-        raise UsageError(f"{where}: the weights are all 0")
-    return content
+    """The content of arm ``name``'s weights file (its ``weights``, and its ``provenance`` when it has one), read and
+    checked by :func:`~robust_pretrain.pretraining.causal_lm.arguments.load_domain_weights` against the data's
+    ``domains``; refused otherwise, naming the file."""
+    weights, provenance = load_domain_weights(path, f"--arm {name}={path}", domains)
+    return {"weights": weights} if provenance is None else {"weights": weights, "provenance": provenance}
 
 
 def unimax_weights(sequences: dict[str, int], budget: float, cap: float) -> dict[str, float]:
