@@ -69,6 +69,7 @@ def test_a_bad_arm_file_is_refused_before_anything_is_written(tmp_path, capsys, 
         (["--streaming"], "--streaming: refused by decide"),
         (["--seeds", "1", "2", "--seeds", "3", "4"], "--seeds is given twice"),
         (["--margin", "0.1", "--margin", "0.2"], "--margin is given twice"),
+        (["--seeds", "-1", "2"], "--seeds must be in [0, 4.29497e+09], got -1"),  # the runs' --seed refused it late
         (["--arms", "minimax", "minimax"], "--arms minimax minimax: an arm is listed twice"),
         (["--arm", "../escape=W"], "an arm name is letters, digits"),
         (["--arm", "a/b=W"], "an arm name is letters, digits"),

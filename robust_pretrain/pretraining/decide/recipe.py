@@ -108,7 +108,10 @@ class DecideArguments:
         None, "Extra arms drawing domains from a weights file, as NAME=weights.json (repeatable: the arms add up)."
     )
     seeds: list[int] = option(
-        default_factory=lambda: [42, 43, 44, 45], help="One run per arm and seed, paired by seed."
+        default_factory=lambda: [42, 43, 44, 45],
+        help="One run per arm and seed, paired by seed.",
+        minimum=0,
+        maximum=2**32 - 1,  # the runs' --seed
     )
     baseline: str = option("sampling_control", "The arm every other arm is compared with.")
     endpoint: str = option("worst_domain_loss", "What is compared, per run.", choices=list(ENDPOINTS))
