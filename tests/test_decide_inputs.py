@@ -79,6 +79,7 @@ def test_a_bad_arm_file_is_refused_before_anything_is_written(tmp_path, capsys, 
         (["--cell", "magic:42"], "--cell magic:42: expected ARM:SEED"),
         (["--plan", "--report"], "give one of them at most"),
         (["--max_steps", "-1"], "--max_steps -1: decide needs a fixed number of steps"),
+        (["--max_steps", "8", "--readings", "20"], "--readings 20: more than the 8 training steps"),  # was: 8, silently
         (["--eval_steps", "5"], "--eval_steps: robust-pretrain-decide sets these per cell"),
         (["--max_epochs_per_task", "2"], "--max_epochs_per_task: robust-pretrain-decide sets these per cell"),
         (["--reference_mismatch_ok", "tokenizer"], "--reference_mismatch_ok: robust-pretrain-decide sets these"),

@@ -181,6 +181,8 @@ def run_options(passed: list[str], readings: int) -> list[str]:
         raise UsageError(f"--max_steps {steps}: expected a whole number of steps") from None
     if max_steps < 1:
         raise UsageError(f"--max_steps {steps}: decide needs a fixed number of steps >= 1")
+    if readings > max_steps:
+        raise UsageError(f"--readings {readings}: more than the {max_steps} training steps (--max_steps) to read at")
     if readings > 1:
         options = canonical_options(
             [*options, "--eval_strategy", "steps", "--eval_steps", str(math.ceil(max_steps / readings))]
