@@ -509,6 +509,11 @@ CONSOLE_CASES: list[tuple[str, list[str], list[str]]] = [
         [*TWO_DOMAINS, "--domain_weights", "{tmp}/overflow.json"],
         ["--domain_weights", "overflow.json: the weights' sum overflows"],
     ),  # fmt: skip
+    (
+        "causal-lm",
+        [*TWO_DOMAINS, "--task_sampling", "fixed", "--task_sampling_weights", "web=1e308", "mail=1e308"],
+        ["task_sampling_weights: the weights' sum overflows"],
+    ),  # the draws normalise by the sum: every sequence would be drawn from mail
     # item 5: values that mean nothing are refused like their siblings
     ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/strings.json"], ["the weight of 'web' is '0.5'"]),
     ("causal-lm", [*TWO_DOMAINS, "--domain_weights", "{tmp}/booleans.json"], ["the weight of 'web' is True"]),

@@ -47,6 +47,7 @@ def test_a_mapping_is_ordered_by_the_tasks_and_equals_the_list(tmp_path):
         (["a=1", "a=2"], "a task named twice"),
         ({"a": 0, "b": 0}, "not all 0"),
         ([1, 2, 3], r"one weight per task \(2"),
+        ({"a": 1e308, "b": 1e308}, "the weights' sum overflows"),  # the draws would all go to b
     ],
 )
 def test_bad_weights_are_refused_naming_the_option(tmp_path, weights, message):

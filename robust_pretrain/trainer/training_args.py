@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -301,6 +302,8 @@ class MinimaxTrainingArguments(WeightingArguments, TrainingArguments):
             raise ValueError("task_sampling_weights: the weights of task_sampling='fixed', and only of it")
         if weights is not None and not sum(weights) > 0:
             raise ValueError(f"task_sampling_weights: not all 0, got {weights}")
+        if weights is not None and not math.isfinite(sum(weights)):  # the draws normalise by the sum
+            raise ValueError(f"task_sampling_weights: the weights' sum overflows ({weights}); scale them down")
         if self.importance_weighting and self.task_sampling != "fixed":
             raise ValueError("importance_weighting: corrects the draws of task_sampling='fixed', and only those")
         if self.max_epochs_per_task is not None and self.task_sampling != "online":

@@ -108,7 +108,10 @@ class DecideArguments:
         None, "Extra arms drawing domains from a weights file, as NAME=weights.json (repeatable: the arms add up)."
     )
     seeds: list[int] = option(
-        default_factory=lambda: [42, 43, 44, 45], help="One run per arm and seed, paired by seed."
+        default_factory=lambda: [42, 43, 44, 45],
+        help="One run per arm and seed, paired by seed.",
+        minimum=0,
+        maximum=2**32 - 1,  # the runs' --seed
     )
     baseline: str = option("sampling_control", "The arm every other arm is compared with.")
     endpoint: str = option("worst_domain_loss", "What is compared, per run.", choices=list(ENDPOINTS))
@@ -178,6 +181,8 @@ def run_options(passed: list[str], readings: int) -> list[str]:
         raise UsageError(f"--max_steps {steps}: expected a whole number of steps") from None
     if max_steps < 1:
         raise UsageError(f"--max_steps {steps}: decide needs a fixed number of steps >= 1")
+    if readings > max_steps:
+        raise UsageError(f"--readings {readings}: more than the {max_steps} training steps (--max_steps) to read at")
     if readings > 1:
         options = canonical_options(
             [*options, "--eval_strategy", "steps", "--eval_steps", str(math.ceil(max_steps / readings))]
