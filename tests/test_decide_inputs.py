@@ -91,6 +91,28 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path, capsys, mo
     refused(tmp_path, capsys, [token.replace("=W", f"={weights}") for token in argv], message)
 
 
+@pytest.mark.parametrize("saved", ["cells.json", "decision.md", "winner_weights.json", "cells"])
+@pytest.mark.parametrize("mode", [["--plan"], []])
+def test_a_folder_holding_decision_files_without_a_protocol_is_refused_and_kept(
+    tmp_path, capsys, monkeypatch, saved, mode
+):
+    """A user's own ``decision.md`` (or a decision whose protocol.json is gone) is never overwritten."""
+    monkeypatch.setattr(decide, "recipe_domains", fake_domains)
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    if saved == "cells":
+        (out / saved).mkdir()
+    else:
+        (out / saved).write_text("my own")
+    before = sorted((path.relative_to(out), path.read_bytes() if path.is_file() else b"") for path in out.rglob("*"))
+    assert decide.main(["--output_dir", str(out), *mode]) == 2
+    err = capsys.readouterr().err
+    assert f"holds {saved} but no protocol.json" in err and len(err.strip().splitlines()) == 1, err
+    after = sorted((path.relative_to(out), path.read_bytes() if path.is_file() else b"") for path in out.rglob("*"))
+    assert after == before
+
+
 def test_one_domain_and_a_small_held_out_set_are_refused_from_the_data(tmp_path, capsys):
     refused(tmp_path, capsys, domain_files(tmp_path / "one", {"only": 40}), "the data has one domain (only)")
     # 4 texts of 'rare' held out (50 % of 8): below the floor of 5 documents, named with its count

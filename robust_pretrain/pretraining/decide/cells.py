@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 PROTOCOL_NAME = "protocol.json"
 CELLS_NAME = "cells.json"
 RECORD_NAME = "decide_cell.json"
+#: what a decision writes beside its protocol: never written into a folder that holds them without a protocol
+OUTPUT_NAMES = (CELLS_NAME, "cells", "decision.md", "decision.json", "decision.png", "winner_weights.json")
 #: how a path inside the decision folder is recorded
 ROOT_MARK = "<output_dir>"
 
@@ -116,6 +118,19 @@ def protocol_digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def check_folder(root: Path) -> None:
+    """Refuse a folder without ``protocol.json`` that holds files a decision writes (a user's own, or a decision whose
+    protocol is gone): nothing in it is overwritten."""
+    if (root / PROTOCOL_NAME).is_file() or not root.is_dir():
+        return
+    found = [name for name in OUTPUT_NAMES if (root / name).exists()]
+    if found:
+        raise UsageError(
+            f"--output_dir {root} holds {', '.join(found)} but no {PROTOCOL_NAME}: not this decision's folder; "
+            "use another --output_dir (nothing was changed)"
+        )
+
+
 def fix_protocol(root: Path, protocol: dict[str, Any], write: bool = True) -> dict[str, Any]:
     """Write ``protocol.json`` with its hash (``write``; else it must exist), or refuse a protocol other than the
     written one, naming what changed."""
@@ -146,10 +161,12 @@ def fix_protocol(root: Path, protocol: dict[str, Any], write: bool = True) -> di
 
 __all__ = [
     "CELLS_NAME",
+    "OUTPUT_NAMES",
     "PROTOCOL_NAME",
     "atomic_write",
     "cell_dir",
     "cell_lock",
+    "check_folder",
     "finished",
     "fix_protocol",
     "portable",

@@ -66,6 +66,7 @@ from robust_pretrain.pretraining.decide.cells import (
     CELLS_NAME,
     cell_dir,
     cell_lock,
+    check_folder,
     finished,
     fix_protocol,
     main_process,
@@ -244,6 +245,7 @@ def prepare(args: DecideArguments, passed: list[str], read_domains: DomainReader
     """Check every input (options, data, arm files, held-out texts) before anything is written; the setup."""
     extra = custom_arms(args.arm)
     arms = check_arguments(args, passed, extra)
+    check_folder(Path(args.output_dir))
     options = run_options(passed, args.readings)
     data = read_domains(options)
     domains = data["domains"]
