@@ -1023,3 +1023,28 @@ def test_a_refusal_after_data_loading_is_all_of_stderr(module: str, options: lis
     assert len(errors) == 1 and errors == lines and fragment in errors[0], done.stderr
     noise = ("examples/s", "Generating train split", "Caching", "Downloading", "custom data configuration")
     assert not [line for line in lines if any(word in line for word in noise)], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--task_sampling", "fixed", "--task_sampling_weights", "web=1", "news=1"], "no task named ['news']"),
+        (["--task_sampling", "fixed", "--task_sampling_weights", "=1", "web=1"], "no task named ['']"),
+        (["--task_sampling", "fixed", "--task_sampling_weights", "1", "2", "3"], "one weight per task (2"),
+        (["--domain_weights", "{tmp}/weights.json"], "unknown domain(s) ['news'], missing domain(s) ['web', 'mail']"),
+    ],
+)
+def test_weights_naming_other_domains_than_domain_files_are_refused_before_reading(
+    options: list[str], fragment: str, workspace: Path, monkeypatch, capsys
+) -> None:
+    """``--domain_files`` names the domains: weights by other names are refused before any data is read."""
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the data was read")
+
+    monkeypatch.setattr(causal_lm, "load_domain_texts", no_reading)
+    main, prog, base = SCRIPTS["causal-lm"]
+    argv = [_fill(token, workspace, None, None) for token in [*base, *TWO_DOMAINS, *options]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and len(err.strip().splitlines()) == 1 and fragment in err, err

@@ -30,7 +30,7 @@ from transformers import TrainerCallback, set_seed
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
-from robust_pretrain.cli import check_checkpoint, run_console
+from robust_pretrain.cli import UsageError, check_checkpoint, run_console
 from robust_pretrain.config import OptionParser, parse_with_config
 from robust_pretrain.data.domains import domain_counts
 from robust_pretrain.output_dir import resume_or_refuse, write_run_config
@@ -40,6 +40,7 @@ from robust_pretrain.pretraining.causal_lm.arguments import (
     DomainDataArguments,
     domain_weights,
     objective_weighting,
+    read_domain_weights,
     run_settings,
     sampling_defaults,
 )
@@ -47,6 +48,7 @@ from robust_pretrain.pretraining.causal_lm.data import (
     DomainTexts,
     load_domain_texts,
     pack_sequences,
+    parse_domain_files,
     require_every_domain,
     text_tokens,
     texts_per_domain,
@@ -77,6 +79,7 @@ from robust_pretrain.reporting import card_renderer, task_report
 from robust_pretrain.reporting.recipe_cards import causal_lm_card_content
 from robust_pretrain.reporting.task_report import report_settings, write_report_and_card
 from robust_pretrain.trainer import MinimaxTrainer
+from robust_pretrain.trainer.task_sampling import ordered_weights
 from robust_pretrain.trainer.training_args import MinimaxTrainingArguments
 
 __all__ = [
@@ -236,12 +239,31 @@ def refuse_before_reading(
     if model_args.tokenizer_name is not None:
         check_checkpoint(model_args.tokenizer_name, "--tokenizer_name", model=False)
 
+    if data_args.domain_files:  # the options name the domains: weights by other names are refused now
+        check_weight_names(list(parse_domain_files(data_args.domain_files)), data_args, training_args)
     if data_args.validation_file is not None:
         refuse_given_options(argv, ["validation_split_percentage"], "not used with --validation_file")
     if data_args.streaming:
         held_out = "the held-out texts are the first --stream_held_out_texts of each stream"
         refuse_given_options(argv, ["validation_split_percentage"], f"not used with --streaming ({held_out})")
         check_domain_streaming(model_args, data_args, training_args)
+
+
+def check_weight_names(
+    names: list[str], data_args: DomainDataArguments, training_args: MinimaxTrainingArguments
+) -> None:
+    """Refuse weight files and ``--task_sampling_weights`` that name other domains than ``names`` (one per domain)."""
+    for option, path in (
+        ("--domain_weights", data_args.domain_weights),
+        ("--objective_weights", data_args.objective_weights),
+    ):
+        if path is not None:
+            read_domain_weights(path, names, option)
+    if training_args.task_sampling_weights is not None:
+        try:
+            ordered_weights(training_args.task_sampling_weights, names)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
 
 
 def run_provenance(
